@@ -1,0 +1,113 @@
+package netns
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NS is an open network namespace. The zero value and nil are not valid;
+// use [Open]. An NS opened with an empty path stands for the caller's own
+// namespace.
+type NS struct {
+	path string
+	f    *os.File // nil for the caller's own namespace
+}
+
+// Open opens the network namespace at path (e.g. /var/run/netns/x or
+// /proc/PID/ns/net). An empty path means the caller's own namespace.
+func Open(path string) (*NS, error) {
+	if path == "" {
+		return &NS{}, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	if st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC {
+		f.Close()
+		return nil, fmt.Errorf("network namespace %s: not a namespace file", path)
+	}
+	return &NS{path: path, f: f}, nil
+}
+
+// Path returns the path the namespace was opened from; empty for the
+// caller's own.
+func (n *NS) Path() string { return n.path }
+
+// Own reports whether n is the caller's own namespace.
+func (n *NS) Own() bool { return n.f == nil }
+
+// Fd returns the namespace's file descriptor, or -1 for the caller's own.
+func (n *NS) Fd() int {
+	if n.f == nil {
+		return -1
+	}
+	return int(n.f.Fd())
+}
+
+// NetlinkHandle returns a route netlink handle in the namespace. The caller
+// closes it with Close (Delete).
+func (n *NS) NetlinkHandle(families ...int) (*netlink.Handle, error) {
+	if len(families) == 0 {
+		families = []int{unix.NETLINK_ROUTE, unix.NETLINK_NETFILTER}
+	}
+	if n.f == nil {
+		return netlink.NewHandle(families...)
+	}
+	return netlink.NewHandleAt(vnetns.NsHandle(n.Fd()), families...)
+}
+
+// Do runs fn on a dedicated OS thread inside the namespace and returns its
+// error. For the caller's own namespace fn runs on a locked thread too, so
+// fn may rely on that.
+func (n *NS) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if n.f == nil {
+			defer runtime.UnlockOSThread()
+			errc <- fn()
+			return
+		}
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open own network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(n.Fd(), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", n.path, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			// Leave the thread locked: it exits with this goroutine
+			// instead of serving others in the wrong namespace.
+			errc <- fmt.Errorf("return from network namespace %s: %w", n.path, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// Close closes the namespace file. The namespace itself is not touched.
+func (n *NS) Close() error {
+	if n.f == nil {
+		return nil
+	}
+	return n.f.Close()
+}

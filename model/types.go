@@ -1,0 +1,201 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Protocol is a transport protocol a service port carries.
+type Protocol string
+
+// The protocols a service port can carry.
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// Valid reports whether p is one of [TCP], [UDP] or [SCTP].
+func (p Protocol) Valid() bool { return p == TCP || p == UDP || p == SCTP }
+
+// Connectionless reports whether conntrack entries of p outlive a changed
+// backend and must be flushed when the backend goes away (UDP and SCTP).
+func (p Protocol) Connectionless() bool { return p == UDP || p == SCTP }
+
+// IPFamily is an IP address family.
+type IPFamily uint8
+
+// The IP families.
+const (
+	IPv4 IPFamily = 4
+	IPv6 IPFamily = 6
+)
+
+// String returns "IPv4" or "IPv6".
+func (f IPFamily) String() string {
+	switch f {
+	case IPv4:
+		return "IPv4"
+	case IPv6:
+		return "IPv6"
+	}
+	return fmt.Sprintf("IPFamily(%d)", uint8(f))
+}
+
+// FamilyOf returns the family of a; an IPv4-mapped IPv6 address counts as IPv4.
+func FamilyOf(a netip.Addr) IPFamily {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Contains reports whether a is a valid address of family f.
+func (f IPFamily) Contains(a netip.Addr) bool {
+	return a.IsValid() && FamilyOf(a) == f
+}
+
+// ServiceName names a Service.
+type ServiceName struct {
+	Namespace string
+	Name      string
+}
+
+// String returns "namespace/name".
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// ServicePortName names one port of a Service. Port is the port's name in the
+// Service spec (empty for a single unnamed port).
+type ServicePortName struct {
+	ServiceName
+	Port     string
+	Protocol Protocol
+}
+
+// String returns "namespace/name:port/PROTOCOL", omitting ":port" for an
+// unnamed port.
+func (n ServicePortName) String() string {
+	s := n.ServiceName.String()
+	if n.Port != "" {
+		s += ":" + n.Port
+	}
+	return s + "/" + string(n.Protocol)
+}
+
+// TrafficPolicy says which endpoints traffic of a kind may reach.
+type TrafficPolicy string
+
+// The traffic policies. The zero value means [PolicyCluster].
+const (
+	PolicyCluster TrafficPolicy = "Cluster"
+	PolicyLocal   TrafficPolicy = "Local"
+)
+
+// TrafficDistribution is a Service's preference among the endpoints its
+// policy allows.
+type TrafficDistribution string
+
+// The traffic distributions. The zero value means no preference.
+const (
+	PreferSameZone TrafficDistribution = "PreferSameZone"
+	PreferSameNode TrafficDistribution = "PreferSameNode"
+)
+
+// ServicePort is one port of one Service, in one IP family: every address in
+// it belongs to the family of the State that holds it.
+type ServicePort struct {
+	Name ServicePortName
+
+	// ClusterIP is the virtual address inside the cluster. It may be invalid
+	// (the zero Addr) for a service of this family that has only external
+	// addresses, which does not happen with Kubernetes sources.
+	ClusterIP netip.Addr
+	// Port is the service port number on ClusterIP, ExternalIPs and
+	// LoadBalancerIPs.
+	Port uint16
+	// Protocol is the transport protocol.
+	Protocol Protocol
+	// NodePort is the port opened on the node addresses, or 0.
+	NodePort uint16
+
+	// ExternalIPs are addresses outside the cluster routed to the node.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are load-balancer ingress addresses with ipMode VIP
+	// (the kind a dataplane must handle itself).
+	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges restrict who may reach LoadBalancerIPs. Empty
+	// means everybody.
+	LoadBalancerSourceRanges []netip.Prefix
+
+	// SessionAffinity pins a client address to one endpoint for
+	// AffinityTimeout since its last packet.
+	SessionAffinity bool
+	// AffinityTimeout is the stickiness timeout when SessionAffinity is set.
+	AffinityTimeout time.Duration
+
+	// ExternalPolicy applies to node port, external IP and load-balancer
+	// traffic.
+	ExternalPolicy TrafficPolicy
+	// InternalPolicy applies to cluster IP traffic.
+	InternalPolicy TrafficPolicy
+	// TrafficDistribution is the endpoint preference.
+	TrafficDistribution TrafficDistribution
+	// HealthCheckNodePort is the node port serving the health check of an
+	// externalTrafficPolicy Local load balancer, or 0.
+	HealthCheckNodePort uint16
+}
+
+// ExternallyAccessible reports whether the port is reachable from outside
+// the cluster: by node port, external IP or load-balancer IP.
+func (p *ServicePort) ExternallyAccessible() bool {
+	return p.NodePort != 0 || len(p.ExternalIPs) > 0 || len(p.LoadBalancerIPs) > 0
+}
+
+// ExternalLocal reports whether external traffic may only reach local
+// endpoints.
+func (p *ServicePort) ExternalLocal() bool {
+	return p.ExternalPolicy == PolicyLocal && p.ExternallyAccessible()
+}
+
+// InternalLocal reports whether cluster traffic may only reach local
+// endpoints.
+func (p *ServicePort) InternalLocal() bool { return p.InternalPolicy == PolicyLocal }
+
+// Endpoint is one backend of a service port.
+type Endpoint struct {
+	// Addr is the endpoint's address and target port.
+	Addr netip.AddrPort
+
+	// Ready, Serving and Terminating are the EndpointSlice conditions.
+	// Ready implies Serving and not Terminating.
+	Ready       bool
+	Serving     bool
+	Terminating bool
+
+	// NodeName is the node the endpoint runs on, or empty.
+	NodeName string
+	// Zone is the endpoint's zone, or empty.
+	Zone string
+	// Local is true when NodeName is the node this proxier runs on.
+	Local bool
+
+	// ZoneHints are the zones that should consume this endpoint (topology
+	// aware routing); nil means no hints.
+	ZoneHints []string
+	// NodeHints are the nodes that should consume this endpoint; nil means
+	// no hints.
+	NodeHints []string
+}
+
+// String returns "ip:port".
+func (e *Endpoint) String() string { return e.Addr.String() }
+
+// State is the full desired state of one IP family.
+type State struct {
+	Family   IPFamily
+	Services map[ServicePortName]*ServicePort
+	// Endpoints holds every endpoint a source reported per service port,
+	// ready or not, sorted by address and de-duplicated.
+	Endpoints map[ServicePortName][]*Endpoint
+}

@@ -1,0 +1,146 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/proxykit/proxykit/model"
+)
+
+// ServiceHandler receives Service events. The objects are read, never kept
+// or modified.
+type ServiceHandler interface {
+	OnServiceAdd(svc *v1.Service)
+	OnServiceUpdate(oldSvc, svc *v1.Service)
+	OnServiceDelete(svc *v1.Service)
+	// OnServiceSynced says the initial list of Services has been delivered.
+	OnServiceSynced()
+}
+
+// EndpointSliceHandler receives EndpointSlice events.
+type EndpointSliceHandler interface {
+	OnEndpointSliceAdd(slice *discoveryv1.EndpointSlice)
+	OnEndpointSliceUpdate(oldSlice, slice *discoveryv1.EndpointSlice)
+	OnEndpointSliceDelete(slice *discoveryv1.EndpointSlice)
+	// OnEndpointSlicesSynced says the initial list of EndpointSlices has
+	// been delivered.
+	OnEndpointSlicesSynced()
+}
+
+// NodeHandler receives events of the node the proxier runs on (its labels
+// carry the topology zone).
+type NodeHandler interface {
+	OnNodeAdd(node *v1.Node)
+	OnNodeUpdate(oldNode, node *v1.Node)
+	OnNodeDelete(node *v1.Node)
+	OnNodeSynced()
+}
+
+// Proxier is a service proxy: it takes Kubernetes objects and keeps a
+// dataplane programmed to match them. Every backend package's New returns
+// one. All methods are safe for concurrent use.
+type Proxier interface {
+	ServiceHandler
+	EndpointSliceHandler
+	NodeHandler
+	// Sync asks for a sync soon; calls within the minimum interval coalesce.
+	Sync()
+	// Flush waits until every event delivered before the call has been
+	// programmed by a successful sync (triggering one if needed), or until
+	// ctx is done. It is how a caller knows the dataplane caught up.
+	Flush(ctx context.Context) error
+	// Run runs the sync loop until ctx is done. The first sync waits until
+	// both Services and EndpointSlices have been synced. Run returns nil
+	// when ctx is done, and may be called once.
+	Run(ctx context.Context) error
+	// Cleanup removes everything the backend created. Call it after Run
+	// has returned, or instead of Run.
+	Cleanup(ctx context.Context) error
+	// Close releases the proxier's handles without touching the
+	// dataplane, which stays in place for a successor to adopt.
+	Close() error
+}
+
+// Backend is the dataplane seam: one Backend programs one IP family of one
+// network namespace. The engine calls its methods from one goroutine at a
+// time, never concurrently.
+type Backend interface {
+	// Name is the backend's short name, e.g. "nftables"; it labels logs
+	// and metrics.
+	Name() string
+	// Family is the IP family this backend programs.
+	Family() model.IPFamily
+	// Sync makes the dataplane match req. It returns nil when the
+	// dataplane matches; on error the previous dataplane must still be in
+	// force, and the engine retries later with a full request. Objects
+	// that cannot be programmed are reported with an [*ObjectError]
+	// (joined with errors.Join when several); the rest is still
+	// programmed, and the engine logs them without retrying.
+	Sync(ctx context.Context, req *SyncRequest) error
+	// Cleanup removes everything the backend ever created in its
+	// namespace, whether this process created it or an earlier one.
+	Cleanup(ctx context.Context) error
+	// Close releases handles. It does not touch the dataplane.
+	Close() error
+}
+
+// SyncRequest is what the engine hands a Backend. Its contents are
+// immutable and must not be kept after Sync returns, except the
+// *model.ServicePort and *model.Endpoint values it points to, which a
+// backend may keep to compare with later requests.
+type SyncRequest struct {
+	// Full is set on the first sync, on the periodic resync and after a
+	// failed sync: the backend must converge everything it owns, also
+	// repairing changes made behind its back. When Full is false the
+	// backend may limit its work to Changed.
+	Full bool
+	// State is the complete desired state of the family.
+	State *model.State
+	// Targets holds, for every service port in State.Services, the
+	// endpoints selected for this node.
+	Targets map[model.ServicePortName]*Targets
+	// Changed names the service ports whose ServicePort or Targets
+	// differ from the last successful sync, including ports that were
+	// deleted (absent from State.Services).
+	Changed map[model.ServicePortName]struct{}
+	// NodeIPs are the node's addresses of this family, from the Node
+	// object, when known.
+	NodeIPs []netip.Addr
+}
+
+// Targets are the endpoints traffic to one service port may go to on this
+// node, after traffic policies, topology and the terminating fallback.
+type Targets struct {
+	// Internal receives cluster IP traffic. Empty with HasEndpoints set
+	// means InternalTrafficPolicy Local without local endpoints: drop.
+	Internal []*model.Endpoint
+	// External receives node port, external IP and load-balancer
+	// traffic. Empty with HasEndpoints set means ExternalTrafficPolicy
+	// Local without local endpoints: drop.
+	External []*model.Endpoint
+	// HasEndpoints is false when the service has no usable endpoint
+	// anywhere: its traffic is rejected.
+	HasEndpoints bool
+}
+
+// ObjectError is a failure to program one object. The rest of the sync
+// went through.
+type ObjectError struct {
+	// Service is the service port that could not be programmed.
+	Service model.ServicePortName
+	// Err says why.
+	Err error
+}
+
+func (e *ObjectError) Error() string { return e.Service.String() + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *ObjectError) Unwrap() error { return e.Err }
+
+// ErrNotSupported is matched (with errors.Is) by errors that say the kernel
+// or the platform lacks something a backend needs.
+var ErrNotSupported = errors.New("not supported")

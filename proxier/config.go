@@ -1,0 +1,82 @@
+package proxier
+
+import (
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxykit/proxykit/model"
+)
+
+// Config configures the engine and carries the dataplane options every
+// backend shares. Backend packages embed it in their own Config. The zero
+// value is valid: it programs the caller's own network namespace, for both
+// IP families, with kube-proxy's default intervals.
+type Config struct {
+	// NetNS is the path of the network namespace to program, e.g.
+	// /var/run/netns/pod1 or /proc/1234/ns/net. Empty means the caller's
+	// own namespace.
+	NetNS string
+	// NodeName is this node's name; endpoints on it are local. Empty
+	// means no endpoint is local.
+	NodeName string
+	// Families are the IP families to program. Empty means IPv4 and IPv6.
+	Families []model.IPFamily
+	// ServiceProxyName, when set, makes the proxier handle exactly the
+	// Services labelled service.kubernetes.io/service-proxy-name with this
+	// value; when empty it handles the Services without that label.
+	ServiceProxyName string
+
+	// MinSyncInterval is the least time between two syncs; events within
+	// it coalesce. Zero means 1s.
+	MinSyncInterval time.Duration
+	// SyncPeriod is the interval of full resyncs. Zero means 30s.
+	SyncPeriod time.Duration
+	// RetryInterval is the first wait after a failed sync; it doubles on
+	// each further failure up to SyncPeriod. Zero means 1s.
+	RetryInterval time.Duration
+
+	// ClusterCIDRs are the pod networks. Traffic to a service from outside
+	// them is masqueraded. Empty means: masquerade only what must be
+	// (hairpin and external traffic with policy Cluster).
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all service traffic.
+	MasqueradeAll bool
+	// NodePortAddresses select the node addresses node ports open on.
+	// Empty means every local address of the namespace.
+	NodePortAddresses []netip.Prefix
+
+	// Logger receives the proxier's logs. Nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the proxier's metrics. Nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// Default intervals.
+const (
+	DefaultMinSyncInterval = time.Second
+	DefaultSyncPeriod      = 30 * time.Second
+	DefaultRetryInterval   = time.Second
+)
+
+// WithDefaults returns c with every zero field that has a default filled in.
+func (c Config) WithDefaults() Config {
+	if len(c.Families) == 0 {
+		c.Families = []model.IPFamily{model.IPv4, model.IPv6}
+	}
+	if c.MinSyncInterval <= 0 {
+		c.MinSyncInterval = DefaultMinSyncInterval
+	}
+	if c.SyncPeriod <= 0 {
+		c.SyncPeriod = DefaultSyncPeriod
+	}
+	if c.RetryInterval <= 0 {
+		c.RetryInterval = DefaultRetryInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
