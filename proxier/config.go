@@ -48,6 +48,11 @@ type Config struct {
 	// Empty means every local address of the namespace.
 	NodePortAddresses []netip.Prefix
 
+	// NoConntrackCleanup turns off the deletion of stale UDP and SCTP
+	// conntrack flows after each sync (for backends that need none, and
+	// for tests that run in the caller's own namespace).
+	NoConntrackCleanup bool
+
 	// Logger receives the proxier's logs. Nil discards them.
 	Logger *slog.Logger
 	// Registerer receives the proxier's metrics. Nil registers none.

@@ -1,9 +1,466 @@
 package proxier
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
 
-// New returns a Proxier that drives the given backends, one per IP family.
-// Backend packages call it from their own New.
-func New(cfg Config, backends ...Backend) (Proxier, error) {
-	return nil, errors.New("engine: not implemented yet")
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/proxykit/proxykit/changetracker"
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/model"
+)
+
+// LabelTopologyZone is the node label that names its zone.
+const LabelTopologyZone = "topology.kubernetes.io/zone"
+
+// Engine is the Proxier every backend package returns: it owns the change
+// trackers and the sync loop and drives one Backend per IP family.
+type Engine struct {
+	cfg      Config
+	log      *slog.Logger
+	runner   *runner
+	families []*family
+	hooks    []AfterSyncHook
+	ct       *conntrackHook
+	metrics  *metrics
+	ns       *netns.NS
+
+	mu             sync.Mutex
+	servicesSynced bool
+	slicesSynced   bool
+	topo           Topology
+	nodeIPs        []netip.Addr
+	topoChanged    bool
+	eventSeq       uint64 // bumped on every event
+	syncedSeq      uint64 // events up to here are programmed
+	waiters        []chan struct{}
+	running        bool
+	closed         bool
+}
+
+var _ Proxier = (*Engine)(nil)
+
+// family is the per-IP-family half of the engine.
+type family struct {
+	backend Backend
+	tracker *changetracker.Tracker
+	// Only the sync goroutine touches the fields below.
+	targets  map[model.ServicePortName]*Targets
+	changed  map[model.ServicePortName]struct{}
+	needFull bool
+}
+
+// AfterSyncHook runs after every successful sync of a family with the
+// request the backend was given. The engine's own conntrack cleanup is
+// one.
+type AfterSyncHook func(ctx context.Context, b Backend, req *SyncRequest)
+
+// New returns the Engine driving backends, one per IP family, configured
+// by cfg. Backend packages call it from their own New. It fails when two
+// backends claim the same family.
+func New(cfg Config, backends ...Backend) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	if len(backends) == 0 {
+		return nil, errors.New("proxier: no backend")
+	}
+	e := &Engine{
+		cfg:    cfg,
+		log:    cfg.Logger.With("backend", backends[0].Name()),
+		runner: newRunner(cfg.MinSyncInterval, cfg.SyncPeriod, cfg.RetryInterval),
+		topo:   Topology{NodeName: cfg.NodeName},
+	}
+	e.metrics = newMetrics(cfg.Registerer, backends[0].Name())
+	seen := map[model.IPFamily]bool{}
+	for _, b := range backends {
+		f := b.Family()
+		if f != model.IPv4 && f != model.IPv6 {
+			return nil, fmt.Errorf("proxier: backend %s has invalid family %v", b.Name(), f)
+		}
+		if seen[f] {
+			return nil, fmt.Errorf("proxier: two backends for %v", f)
+		}
+		seen[f] = true
+		e.families = append(e.families, &family{
+			backend: b,
+			tracker: changetracker.New(changetracker.Config{
+				Family:           f,
+				NodeName:         cfg.NodeName,
+				ServiceProxyName: cfg.ServiceProxyName,
+				Logger:           cfg.Logger.With("family", f.String()),
+			}),
+			targets:  map[model.ServicePortName]*Targets{},
+			changed:  map[model.ServicePortName]struct{}{},
+			needFull: true,
+		})
+	}
+	ns, err := netns.Open(cfg.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("proxier: %w", err)
+	}
+	e.ns = ns
+	if !cfg.NoConntrackCleanup {
+		ct, err := newConntrackHook(ns, e.log, e.metrics.conntrackDeleted)
+		if err != nil {
+			ns.Close()
+			return nil, err
+		}
+		e.ct = ct
+		e.hooks = append(e.hooks, ct.afterSync)
+	}
+	return e, nil
+}
+
+// AddAfterSyncHook registers h to run after every successful sync. Call it
+// before Run.
+func (e *Engine) AddAfterSyncHook(h AfterSyncHook) { e.hooks = append(e.hooks, h) }
+
+// event records that something changed and asks for a sync.
+func (e *Engine) event(apply func()) {
+	e.mu.Lock()
+	apply()
+	e.eventSeq++
+	e.mu.Unlock()
+	e.runner.request()
+	e.metrics.lastQueued.SetToCurrentTime()
+}
+
+// OnServiceAdd implements [ServiceHandler].
+func (e *Engine) OnServiceAdd(svc *v1.Service) { e.OnServiceUpdate(nil, svc) }
+
+// OnServiceUpdate implements [ServiceHandler].
+func (e *Engine) OnServiceUpdate(oldSvc, svc *v1.Service) {
+	e.event(func() {
+		for _, f := range e.families {
+			f.tracker.OnService(oldSvc, svc)
+		}
+	})
+	e.metrics.serviceChanges.Inc()
+}
+
+// OnServiceDelete implements [ServiceHandler].
+func (e *Engine) OnServiceDelete(svc *v1.Service) { e.OnServiceUpdate(svc, nil) }
+
+// OnServiceSynced implements [ServiceHandler].
+func (e *Engine) OnServiceSynced() { e.event(func() { e.servicesSynced = true }) }
+
+// OnEndpointSliceAdd implements [EndpointSliceHandler].
+func (e *Engine) OnEndpointSliceAdd(slice *discoveryv1.EndpointSlice) {
+	e.OnEndpointSliceUpdate(nil, slice)
+}
+
+// OnEndpointSliceUpdate implements [EndpointSliceHandler].
+func (e *Engine) OnEndpointSliceUpdate(_, slice *discoveryv1.EndpointSlice) {
+	e.event(func() {
+		for _, f := range e.families {
+			f.tracker.OnEndpointSlice(slice, false)
+		}
+	})
+	e.metrics.endpointChanges.Inc()
+}
+
+// OnEndpointSliceDelete implements [EndpointSliceHandler].
+func (e *Engine) OnEndpointSliceDelete(slice *discoveryv1.EndpointSlice) {
+	e.event(func() {
+		for _, f := range e.families {
+			f.tracker.OnEndpointSlice(slice, true)
+		}
+	})
+	e.metrics.endpointChanges.Inc()
+}
+
+// OnEndpointSlicesSynced implements [EndpointSliceHandler].
+func (e *Engine) OnEndpointSlicesSynced() { e.event(func() { e.slicesSynced = true }) }
+
+// OnNodeAdd implements [NodeHandler].
+func (e *Engine) OnNodeAdd(node *v1.Node) { e.OnNodeUpdate(nil, node) }
+
+// OnNodeUpdate implements [NodeHandler]. Nodes other than this proxier's
+// own are ignored.
+func (e *Engine) OnNodeUpdate(_, node *v1.Node) {
+	if node == nil || node.Name != e.cfg.NodeName {
+		return
+	}
+	zone := node.Labels[LabelTopologyZone]
+	var ips []netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	e.event(func() {
+		if zone != e.topo.Zone {
+			e.topo.Zone = zone
+			e.topoChanged = true
+		}
+		e.nodeIPs = ips
+	})
+}
+
+// OnNodeDelete implements [NodeHandler].
+func (e *Engine) OnNodeDelete(node *v1.Node) {
+	if node == nil || node.Name != e.cfg.NodeName {
+		return
+	}
+	e.event(func() {
+		if e.topo.Zone != "" {
+			e.topo.Zone = ""
+			e.topoChanged = true
+		}
+	})
+}
+
+// OnNodeSynced implements [NodeHandler].
+func (e *Engine) OnNodeSynced() {}
+
+// Sync implements [Proxier].
+func (e *Engine) Sync() { e.runner.request() }
+
+// Flush implements [Proxier].
+func (e *Engine) Flush(ctx context.Context) error {
+	e.mu.Lock()
+	target := e.eventSeq
+	if e.syncedSeq >= target && e.servicesSynced && e.slicesSynced {
+		e.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{}, 1)
+	e.waiters = append(e.waiters, ch)
+	e.mu.Unlock()
+	e.runner.request()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("proxier: flush: %w", ctx.Err())
+		case <-ch:
+		}
+		e.mu.Lock()
+		if e.syncedSeq >= target {
+			e.mu.Unlock()
+			return nil
+		}
+		e.waiters = append(e.waiters, ch)
+		e.mu.Unlock()
+	}
+}
+
+// Run implements [Proxier].
+func (e *Engine) Run(ctx context.Context) error {
+	e.mu.Lock()
+	if e.running || e.closed {
+		e.mu.Unlock()
+		return errors.New("proxier: Run called twice or after Close")
+	}
+	e.running = true
+	e.mu.Unlock()
+	e.runner.request()
+	e.runner.loop(ctx, e.syncOnce, time.Now)
+	return nil
+}
+
+// syncOnce applies pending changes and syncs every family. It reports
+// whether all families synced, and whether the engine was ready to sync.
+func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
+	e.mu.Lock()
+	if !e.servicesSynced || !e.slicesSynced {
+		e.mu.Unlock()
+		return false, false
+	}
+	seq := e.eventSeq
+	topo := e.topo
+	topoChanged := e.topoChanged
+	e.topoChanged = false
+	nodeIPs := e.nodeIPs
+	results := make([]changetracker.Result, len(e.families))
+	for i, f := range e.families {
+		results[i] = f.tracker.Apply()
+	}
+	e.mu.Unlock()
+
+	ok = true
+	for i, f := range e.families {
+		for name := range results[i].Changed {
+			f.changed[name] = struct{}{}
+		}
+		if topoChanged {
+			f.needFull = true
+		}
+		if !e.syncFamily(ctx, f, periodic, topo, nodeIPs) {
+			ok = false
+		}
+	}
+	if ok {
+		e.mu.Lock()
+		if seq > e.syncedSeq {
+			e.syncedSeq = seq
+		}
+		for _, w := range e.waiters {
+			select {
+			case w <- struct{}{}:
+			default:
+			}
+		}
+		e.waiters = nil
+		e.mu.Unlock()
+	}
+	return ok, true
+}
+
+func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo Topology, nodeIPs []netip.Addr) bool {
+	state := f.tracker.State()
+	full := f.needFull || periodic
+	if full {
+		// Recompute every target: topology or policies may have moved.
+		next := make(map[model.ServicePortName]*Targets, len(state.Services))
+		for name, sp := range state.Services {
+			t := SelectTargets(sp, state.Endpoints[name], topo)
+			if !t.Equal(f.targets[name]) {
+				f.changed[name] = struct{}{}
+			}
+			next[name] = t
+		}
+		for name := range f.targets {
+			if _, ok := next[name]; !ok {
+				f.changed[name] = struct{}{}
+			}
+		}
+		f.targets = next
+	} else {
+		for name := range f.changed {
+			sp, ok := state.Services[name]
+			if !ok {
+				delete(f.targets, name)
+				continue
+			}
+			f.targets[name] = SelectTargets(sp, state.Endpoints[name], topo)
+		}
+	}
+	var ips []netip.Addr
+	for _, ip := range nodeIPs {
+		if f.backend.Family().Contains(ip) {
+			ips = append(ips, ip)
+		}
+	}
+	req := &SyncRequest{Full: full, State: state, Targets: f.targets, Changed: f.changed, NodeIPs: ips}
+	start := time.Now()
+	err := f.backend.Sync(ctx, req)
+	fam := f.backend.Family().String()
+	log := e.log.With("family", fam, "full", full, "changed", len(f.changed))
+	e.metrics.pendingChanges.Set(float64(len(f.changed)))
+	if err != nil && !onlyObjectErrors(err) {
+		e.metrics.observeSync(fam, full, time.Since(start), false)
+		f.needFull = true
+		log.Error("sync failed; the previous dataplane stays in force", "err", err, "duration", time.Since(start))
+		return false
+	}
+	if err != nil {
+		for _, oe := range objectErrors(err) {
+			log.Warn("service port skipped", "service", oe.Service.String(), "err", oe.Err)
+		}
+	}
+	e.metrics.observeSync(fam, full, time.Since(start), true)
+	e.metrics.pendingChanges.Set(0)
+	e.countNoLocal(fam, state, f.targets)
+	log.Debug("synced", "duration", time.Since(start), "services", len(state.Services))
+	for _, h := range e.hooks {
+		h(ctx, f.backend, req)
+	}
+	f.changed = map[model.ServicePortName]struct{}{}
+	f.needFull = false
+	return true
+}
+
+// countNoLocal updates the gauge of Local-policy service ports without a
+// local endpoint.
+func (e *Engine) countNoLocal(fam string, state *model.State, targets map[model.ServicePortName]*Targets) {
+	var internal, external int
+	for name, sp := range state.Services {
+		t := targets[name]
+		if t == nil || !t.HasEndpoints {
+			continue
+		}
+		if sp.InternalLocal() && len(t.Internal) == 0 {
+			internal++
+		}
+		if sp.ExternalLocal() && len(t.External) == 0 {
+			external++
+		}
+	}
+	e.metrics.noLocalEndpoints.WithLabelValues("Internal", fam).Set(float64(internal))
+	e.metrics.noLocalEndpoints.WithLabelValues("External", fam).Set(float64(external))
+}
+
+// onlyObjectErrors reports whether err consists of ObjectErrors only.
+func onlyObjectErrors(err error) bool {
+	if err == nil {
+		return true
+	}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if !onlyObjectErrors(e) {
+				return false
+			}
+		}
+		return true
+	}
+	var oe *ObjectError
+	return errors.As(err, &oe) && err == error(oe)
+}
+
+func objectErrors(err error) []*ObjectError {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []*ObjectError
+		for _, e := range joined.Unwrap() {
+			out = append(out, objectErrors(e)...)
+		}
+		return out
+	}
+	if oe, ok := err.(*ObjectError); ok {
+		return []*ObjectError{oe}
+	}
+	return nil
+}
+
+// Cleanup implements [Proxier]: every backend removes what it created.
+func (e *Engine) Cleanup(ctx context.Context) error {
+	var errs []error
+	for _, f := range e.families {
+		if err := f.backend.Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s cleanup: %w", f.backend.Name(), f.backend.Family(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close implements [Proxier].
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	if e.ct != nil {
+		e.ct.close()
+	}
+	var errs []error
+	if err := e.ns.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, f := range e.families {
+		if err := f.backend.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,0 +1,439 @@
+package nftables
+
+import (
+	"bufio"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// These tests program a real kernel in namespaces they create and send
+// real traffic through it. They need root.
+
+const (
+	shortWait = 400 * time.Millisecond
+	longWait  = 2 * time.Second
+)
+
+var (
+	pod1v4 = "10.0.1.2:8080"
+	pod2v4 = "10.0.2.2:8080"
+	pod1u4 = "10.0.1.2:5353"
+	pod2u4 = "10.0.2.2:5353"
+)
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func TestKernel(t *testing.T) {
+	requireRoot(t)
+	topo := newTopology(t)
+
+	t.Run("ClusterIP", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		tcp := clusterSvc("web", model.TCP, "10.96.0.10", 80, pod1v4)
+		udp := clusterSvc("dns", model.UDP, "10.96.0.10", 53, pod1u4)
+		mustSync(t, b, request(model.IPv4, []testSvc{tcp, udp}, nil))
+		a, err := askTCP(topo.node, ap("10.96.0.10:80"), longWait)
+		if err != nil || a.pod != "pod1" {
+			t.Fatalf("TCP from node: %v %v", a, err)
+		}
+		a, err = askUDP(topo.node, ap("10.96.0.10:53"), longWait)
+		if err != nil || a.pod != "pod1" {
+			t.Fatalf("UDP from node: %v %v", a, err)
+		}
+		a, err = askTCP(topo.pod2, ap("10.96.0.10:80"), longWait)
+		if err != nil || a.pod != "pod1" || a.src != netip.MustParseAddr("10.0.2.2") {
+			t.Fatalf("TCP from pod2: %v %v (want pod1 seeing 10.0.2.2)", a, err)
+		}
+		// Another port on the cluster IP is rejected.
+		if _, err := askTCP(topo.pod2, ap("10.96.0.10:81"), longWait); !isRefused(err) {
+			t.Fatalf("unknown port: got %v, want connection refused", err)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("NoEndpointsRejects", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		tcp := clusterSvc("empty", model.TCP, "10.96.0.11", 80)
+		udp := clusterSvc("empty-udp", model.UDP, "10.96.0.11", 53)
+		mustSync(t, b, request(model.IPv4, []testSvc{tcp, udp}, nil))
+		start := time.Now()
+		if _, err := askTCP(topo.node, ap("10.96.0.11:80"), longWait); !isRefused(err) {
+			t.Fatalf("TCP from node: got %v, want connection refused", err)
+		}
+		if _, err := askTCP(topo.pod1, ap("10.96.0.11:80"), longWait); !isRefused(err) {
+			t.Fatalf("TCP from pod: got %v, want connection refused", err)
+		}
+		if _, err := askUDP(topo.pod1, ap("10.96.0.11:53"), longWait); !isRefused(err) {
+			t.Fatalf("UDP from pod: got %v, want connection refused", err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("rejects took %v", d)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("LocalWithoutLocalEndpointsDrops", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		s := clusterSvc("local", model.TCP, "10.96.0.12", 80)
+		s.sp.InternalPolicy = model.PolicyLocal
+		s.t.HasEndpoints = true
+		mustSync(t, b, request(model.IPv4, []testSvc{s}, nil))
+		if _, err := askTCP(topo.pod1, ap("10.96.0.12:80"), shortWait); !isTimeout(err) {
+			t.Fatalf("got %v, want a timeout (drop)", err)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("SpreadAndIncremental", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		s := clusterSvc("spread", model.TCP, "10.96.0.13", 80, pod1v4)
+		other := clusterSvc("other", model.TCP, "10.96.0.14", 80, pod2v4)
+		mustSync(t, b, request(model.IPv4, []testSvc{s, other}, nil))
+		if n := countPods(t, topo.node, ap("10.96.0.13:80"), 10); n["pod1"] != 10 {
+			t.Fatalf("one endpoint: %v", n)
+		}
+		s2 := clusterSvc("spread", model.TCP, "10.96.0.13", 80, pod1v4, pod2v4)
+		mustSync(t, b, request(model.IPv4, []testSvc{s2, other}, names(s2)))
+		n := countPods(t, topo.node, ap("10.96.0.13:80"), 100)
+		if n["pod1"] < 25 || n["pod2"] < 25 {
+			t.Fatalf("two endpoints, 100 connections: %v", n)
+		}
+		// Remove the first endpoint: everything goes to pod2.
+		s3 := clusterSvc("spread", model.TCP, "10.96.0.13", 80, pod2v4)
+		mustSync(t, b, request(model.IPv4, []testSvc{s3, other}, names(s3)))
+		if n := countPods(t, topo.node, ap("10.96.0.13:80"), 10); n["pod2"] != 10 {
+			t.Fatalf("after removal: %v", n)
+		}
+		// Delete the service: its cluster IP is rejected, the other works.
+		mustSync(t, b, request(model.IPv4, []testSvc{other}, names(s3)))
+		if _, err := askTCP(topo.node, ap("10.96.0.13:80"), shortWait); err == nil {
+			t.Fatal("deleted service still answers")
+		}
+		if n := countPods(t, topo.node, ap("10.96.0.14:80"), 3); n["pod2"] != 3 {
+			t.Fatalf("other service: %v", n)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("NodePortExternalIPLoadBalancer", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		cluster := clusterSvc("np", model.TCP, "10.96.1.1", 80, pod1v4)
+		cluster.sp.NodePort = 30080
+		cluster.sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.20")}
+		local := clusterSvc("np-local", model.TCP, "10.96.1.2", 80, pod1v4, pod2v4)
+		local.sp.NodePort = 30081
+		local.sp.ExternalPolicy = model.PolicyLocal
+		local.t.External = eps(pod2v4)
+		lb := clusterSvc("lb", model.TCP, "10.96.1.3", 80, pod1v4)
+		lb.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
+		lb.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25")}
+		lbDeny := clusterSvc("lb-deny", model.TCP, "10.96.1.4", 80, pod1v4)
+		lbDeny.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.11")}
+		lbDeny.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+		localNone := clusterSvc("np-local-none", model.TCP, "10.96.1.5", 80, pod1v4)
+		localNone.sp.NodePort = 30082
+		localNone.sp.ExternalPolicy = model.PolicyLocal
+		localNone.t.External = nil
+		mustSync(t, b, request(model.IPv4, []testSvc{cluster, local, lb, lbDeny, localNone}, nil))
+
+		// Policy Cluster: masqueraded to the node's address.
+		a, err := askTCP(topo.client, ap("192.0.2.1:30080"), longWait)
+		if err != nil || a.pod != "pod1" || a.src != netip.MustParseAddr("10.0.1.1") {
+			t.Fatalf("node port (Cluster): %v %v, want pod1 seeing 10.0.1.1", a, err)
+		}
+		a, err = askTCP(topo.client, ap("198.51.100.20:80"), longWait)
+		if err != nil || a.pod != "pod1" {
+			t.Fatalf("external IP: %v %v", a, err)
+		}
+		// From the node itself.
+		a, err = askTCP(topo.node, ap("10.0.2.1:30080"), longWait)
+		if err != nil || a.pod != "pod1" {
+			t.Fatalf("node port from the node: %v %v", a, err)
+		}
+		// Policy Local: the pod sees the client.
+		for range 5 {
+			a, err = askTCP(topo.client, ap("192.0.2.1:30081"), longWait)
+			if err != nil || a.pod != "pod2" || a.src != netip.MustParseAddr("192.0.2.2") {
+				t.Fatalf("node port (Local): %v %v, want pod2 seeing 192.0.2.2", a, err)
+			}
+		}
+		// Policy Local without local endpoints: dropped.
+		if _, err := askTCP(topo.client, ap("192.0.2.1:30082"), shortWait); !isTimeout(err) {
+			t.Fatalf("node port (Local, no local endpoints): %v, want a timeout", err)
+		}
+		// Source ranges.
+		if a, err := askTCP(topo.client, ap("203.0.113.10:80"), longWait); err != nil || a.pod != "pod1" {
+			t.Fatalf("LB from an allowed source: %v %v", a, err)
+		}
+		if _, err := askTCP(topo.client, ap("203.0.113.11:80"), shortWait); !isTimeout(err) {
+			t.Fatalf("LB from a denied source: %v, want a timeout", err)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("Masquerade", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{Config: proxier.Config{
+			ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}}})
+		s := clusterSvc("masq", model.TCP, "10.96.2.1", 80, pod1v4)
+		mustSync(t, b, request(model.IPv4, []testSvc{s}, nil))
+		// From outside the cluster CIDR: masqueraded.
+		a, err := askTCP(topo.client, ap("10.96.2.1:80"), longWait)
+		if err != nil || a.src != netip.MustParseAddr("10.0.1.1") {
+			t.Fatalf("from the client: %v %v, want source 10.0.1.1", a, err)
+		}
+		// From a pod: kept.
+		a, err = askTCP(topo.pod2, ap("10.96.2.1:80"), longWait)
+		if err != nil || a.src != netip.MustParseAddr("10.0.2.2") {
+			t.Fatalf("from pod2: %v %v, want source 10.0.2.2", a, err)
+		}
+		// Hairpin: pod1 reaching itself is masqueraded, and works.
+		a, err = askTCP(topo.pod1, ap("10.96.2.1:80"), longWait)
+		if err != nil || a.pod != "pod1" || a.src != netip.MustParseAddr("10.0.1.1") {
+			t.Fatalf("hairpin: %v %v, want pod1 seeing 10.0.1.1", a, err)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("Affinity", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		s := clusterSvc("sticky", model.TCP, "10.96.3.1", 80, pod1v4, pod2v4)
+		s.sp.SessionAffinity = true
+		s.sp.AffinityTimeout = 2 * time.Second
+		mustSync(t, b, request(model.IPv4, []testSvc{s}, nil))
+		n := countPods(t, topo.node, ap("10.96.3.1:80"), 20)
+		if len(n) != 1 {
+			t.Fatalf("affinity: %v, want one pod", n)
+		}
+		var first string
+		for p := range n {
+			first = p
+		}
+		// A full resync keeps the client pinned.
+		mustSync(t, b, request(model.IPv4, []testSvc{s}, nil))
+		if n := countPods(t, topo.node, ap("10.96.3.1:80"), 5); n[first] != 5 {
+			t.Fatalf("after a full resync: %v, want %s", n, first)
+		}
+		// Its endpoint goes away: the client moves, and sticks again.
+		rest := pod2v4
+		if first == "pod2" {
+			rest = pod1v4
+		}
+		s2 := clusterSvc("sticky", model.TCP, "10.96.3.1", 80, rest)
+		s2.sp = s.sp
+		mustSync(t, b, request(model.IPv4, []testSvc{s2}, names(s2)))
+		n = countPods(t, topo.node, ap("10.96.3.1:80"), 3)
+		if n[first] != 0 {
+			t.Fatalf("after its endpoint left: %v", n)
+		}
+		mustSync(t, b, request(model.IPv4, []testSvc{s}, names(s)))
+		if n := countPods(t, topo.node, ap("10.96.3.1:80"), 10); n[first] != 0 {
+			t.Fatalf("with the endpoint back: %v, want the client to stay", n)
+		}
+		// The record expires after the timeout.
+		gi, _ := groupIDs(b.st.services[s.sp.Name].id)
+		if out, err := topo.node.nft("list", "map", "ip", "proxykit", affinityMap(shardOf(gi))); err != nil || !strings.Contains(out, "expires") {
+			t.Fatalf("no affinity record: %v\n%s", err, out)
+		}
+		time.Sleep(2500 * time.Millisecond)
+		for _, sh := range []uint32{shardOf(gi)} {
+			out, err := topo.node.nft("list", "map", "ip", "proxykit", affinityMap(sh))
+			if err != nil {
+				t.Fatal(out, err)
+			}
+			if strings.Contains(out, "expires") {
+				t.Fatalf("affinity record outlived its timeout:\n%s", out)
+			}
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("IPv6", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv6, Config{})
+		s := clusterSvc("web6", model.TCP, "fd00:96::10", 80, "[fd00:1::2]:8080", "[fd00:2::2]:8080")
+		s.sp.NodePort = 30090
+		u := clusterSvc("dns6", model.UDP, "fd00:96::10", 53, "[fd00:2::2]:5353")
+		e := clusterSvc("empty6", model.TCP, "fd00:96::11", 80)
+		sticky := clusterSvc("sticky6", model.TCP, "fd00:96::12", 80, "[fd00:1::2]:8080", "[fd00:2::2]:8080")
+		sticky.sp.SessionAffinity = true
+		mustSync(t, b, request(model.IPv6, []testSvc{s, u, e, sticky}, nil))
+		if n := countPods(t, topo.pod1, ap("[fd00:96::10]:80"), 40); n["pod1"] < 5 || n["pod2"] < 5 {
+			t.Fatalf("IPv6 spread: %v", n)
+		}
+		if a, err := askUDP(topo.node, ap("[fd00:96::10]:53"), longWait); err != nil || a.pod != "pod2" {
+			t.Fatalf("IPv6 UDP: %v %v", a, err)
+		}
+		// Masqueraded to the node's address towards the pod.
+		a, err := askTCP(topo.client, ap("[2001:db8:1::1]:30090"), longWait)
+		if want := map[string]string{"pod1": "fd00:1::1", "pod2": "fd00:2::1"}[a.pod]; err != nil || a.src.String() != want {
+			t.Fatalf("IPv6 node port: %v %v, want the node's address", a, err)
+		}
+		if _, err := askTCP(topo.node, ap("[fd00:96::11]:80"), longWait); !isRefused(err) {
+			t.Fatalf("IPv6 no endpoints: %v, want connection refused", err)
+		}
+		if n := countPods(t, topo.pod2, ap("[fd00:96::12]:80"), 10); len(n) != 1 {
+			t.Fatalf("IPv6 affinity: %v", n)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	t.Run("CoexistenceAndCleanup", func(t *testing.T) {
+		if out, err := topo.node.nft("add table inet other; add chain inet other c { type filter hook input priority 0; }; add rule inet other c counter"); err != nil {
+			t.Fatal(out, err)
+		}
+		b4 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		b6 := newTestBackend(t, topo.node, model.IPv6, Config{})
+		mustSync(t, b4, request(model.IPv4, []testSvc{clusterSvc("a", model.TCP, "10.96.4.1", 80, pod1v4)}, nil))
+		mustSync(t, b6, request(model.IPv6, []testSvc{clusterSvc("a", model.TCP, "fd00:96::41", 80, "[fd00:1::2]:8080")}, nil))
+		mustSync(t, b4, request(model.IPv4, []testSvc{clusterSvc("a", model.TCP, "10.96.4.1", 80, pod1v4)}, nil))
+		cleanupAndCheck(t, b4, topo.node)
+		if out, _ := topo.node.nft("list", "tables"); !strings.Contains(out, "table ip6 proxykit") {
+			t.Fatalf("IPv4 cleanup removed the IPv6 table:\n%s", out)
+		}
+		cleanupAndCheck(t, b6, topo.node)
+		out, err := topo.node.nft("list", "table", "inet", "other")
+		if err != nil || !strings.Contains(out, "counter") {
+			t.Fatalf("the other table did not survive: %v\n%s", err, out)
+		}
+		// Cleanup without a table succeeds.
+		if err := b4.Cleanup(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		topo.node.nft("delete", "table", "inet", "other")
+	})
+
+	t.Run("RestartKeepsConnections", func(t *testing.T) {
+		s := clusterSvc("restart", model.TCP, "10.96.5.1", 80, pod1v4)
+		b1 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b1, request(model.IPv4, []testSvc{s}, nil))
+		conn := dialKeep(t, topo.pod2, ap("10.96.5.1:80"))
+		b1.Close()
+		// A new process replaces the table in one transaction.
+		b2 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		other := clusterSvc("other", model.TCP, "10.96.5.2", 80, pod2v4)
+		mustSync(t, b2, request(model.IPv4, []testSvc{s, other}, nil))
+		if got := conn.roundTrip(t, "ping"); got != "pod1 ping" {
+			t.Fatalf("established connection after restart: %q", got)
+		}
+		// Deleted behind our back: a full resync restores it.
+		if out, err := topo.node.nft("delete", "table", "ip", "proxykit"); err != nil {
+			t.Fatal(out, err)
+		}
+		mustSync(t, b2, request(model.IPv4, []testSvc{s, other}, nil))
+		if a, err := askTCP(topo.pod2, ap("10.96.5.2:80"), longWait); err != nil || a.pod != "pod2" {
+			t.Fatalf("after restoring the table: %v %v", a, err)
+		}
+		cleanupAndCheck(t, b2, topo.node)
+	})
+
+	t.Run("SCTPRulesAccepted", func(t *testing.T) {
+		// The kernel here has SCTP conntrack and NAT but no SCTP sockets:
+		// check that the rules go in and dispatch on protocol 132.
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b, request(model.IPv4, []testSvc{clusterSvc("sctp", model.SCTP, "10.96.6.1", 80, "10.0.1.2:9999")}, nil))
+		out, err := topo.node.nft("list", "map", "ip", "proxykit", setServiceIPs)
+		if err != nil || !strings.Contains(out, "10.96.6.1 . sctp . 80") {
+			t.Fatalf("SCTP dispatch element missing: %v\n%s", err, out)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+}
+
+// keptConn is a TCP connection kept open across syncs.
+type keptConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialKeep(t *testing.T, from *testNS, addr netip.AddrPort) *keptConn {
+	t.Helper()
+	var c net.Conn
+	err := from.ns.Do(func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr.String(), longWait)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	k := &keptConn{c: c, r: bufio.NewReader(c)}
+	c.SetDeadline(time.Now().Add(longWait))
+	if _, err := k.r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func (k *keptConn) roundTrip(t *testing.T, msg string) string {
+	t.Helper()
+	k.c.SetDeadline(time.Now().Add(longWait))
+	if _, err := k.c.Write([]byte(msg + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	line, err := k.r.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// countPods opens n connections and counts the pods that answered.
+func countPods(t *testing.T, from *testNS, addr netip.AddrPort, n int) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for range n {
+		a, err := askTCP(from, addr, longWait)
+		if err != nil {
+			t.Fatalf("connect %s: %v", addr, err)
+		}
+		out[a.pod]++
+	}
+	return out
+}
+
+// cleanupAndCheck runs Cleanup and checks that the table is gone.
+func cleanupAndCheck(t *testing.T, b proxier.Backend, ns *testNS) {
+	t.Helper()
+	if err := b.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ns.nft("list", "tables")
+	if err != nil {
+		t.Fatal(out, err)
+	}
+	table := "table ip proxykit\n"
+	if b.Family() == model.IPv6 {
+		table = "table ip6 proxykit\n"
+	}
+	if strings.Contains(out, table) {
+		t.Fatalf("table left after cleanup:\n%s", out)
+	}
+}
+
+func TestNewFailsOnMissingNamespace(t *testing.T) {
+	_, err := NewBackend(Config{Config: proxier.Config{NetNS: "/nonexistent/netns"}}, model.IPv4)
+	if err == nil {
+		t.Fatal("NewBackend with a missing namespace succeeded")
+	}
+	if _, err := NewBackend(Config{MasqueradeBit: 0x3}, model.IPv4); err == nil {
+		t.Fatal("a two-bit masquerade mark was accepted")
+	}
+}
+
+func TestNewProxier(t *testing.T) {
+	requireRoot(t)
+	ns := newNS(t)
+	p, err := New(Config{Config: proxier.Config{NetNS: ns.path}})
+	if err != nil {
+		// The engine may not be there yet; the backends must not leak.
+		t.Logf("New: %v", err)
+		return
+	}
+	p.Close()
+}

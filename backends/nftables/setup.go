@@ -1,0 +1,298 @@
+package nftables
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// Defaults of [Config].
+const (
+	DefaultTableName       = "proxykit"
+	DefaultMasqueradeBit   = 0x4000
+	DefaultAffinityMapSize = 1 << 18
+)
+
+// Config configures the nftables backend. The zero value is valid.
+type Config struct {
+	proxier.Config
+
+	// TableName names the table the backend owns in each family
+	// ("ip NAME" and "ip6 NAME"). Empty means [DefaultTableName].
+	TableName string
+	// MasqueradeBit is the packet mark bit that asks for masquerading in
+	// postrouting. Zero means [DefaultMasqueradeBit] (kube-proxy's).
+	MasqueradeBit uint32
+	// AffinityMapSize bounds the number of clients remembered for session
+	// affinity, per family. Zero means [DefaultAffinityMapSize].
+	AffinityMapSize uint32
+}
+
+// WithDefaults returns c with every zero field that has a default filled in.
+func (c Config) WithDefaults() Config {
+	c.Config = c.Config.WithDefaults()
+	if c.TableName == "" {
+		c.TableName = DefaultTableName
+	}
+	if c.MasqueradeBit == 0 {
+		c.MasqueradeBit = DefaultMasqueradeBit
+	}
+	if c.AffinityMapSize == 0 {
+		c.AffinityMapSize = DefaultAffinityMapSize
+	}
+	return c
+}
+
+// New returns a Proxier that programs cfg.NetNS with nftables, one table
+// per IP family of cfg.Families.
+//
+// New probes the kernel first; if it lacks a feature the backend needs,
+// the error matches [proxier.ErrNotSupported] and names the feature.
+func New(cfg Config) (proxier.Proxier, error) {
+	cfg = cfg.WithDefaults()
+	var backends []proxier.Backend
+	closeAll := func() {
+		for _, b := range backends {
+			b.Close()
+		}
+	}
+	for _, f := range cfg.Families {
+		b, err := NewBackend(cfg, f)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		backends = append(backends, b)
+	}
+	p, err := proxier.New(cfg.Config, backends...)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return p, nil
+}
+
+// NewBackend returns the backend of one IP family, for use without the
+// engine (tests, or a caller that computes targets itself). It opens
+// cfg.NetNS and probes the kernel like [New].
+func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
+	cfg = cfg.WithDefaults()
+	if family != model.IPv4 && family != model.IPv6 {
+		return nil, fmt.Errorf("nftables: unknown IP family %v", family)
+	}
+	if bits := cfg.MasqueradeBit; bits&(bits-1) != 0 {
+		return nil, fmt.Errorf("nftables: masquerade bit %#x is not a single bit", bits)
+	}
+	if len(cfg.TableName) > maxChainName {
+		return nil, errors.New("nftables: table name too long")
+	}
+	ns, err := netns.Open(cfg.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	c, err := dial(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	b := &backend{
+		cfg:  cfg,
+		fi:   familyInfoOf(family),
+		ns:   ns,
+		conn: c,
+		log:  cfg.Logger.With("backend", "nftables", "family", family.String(), "table", cfg.TableName),
+	}
+	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	if err := b.probe(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// UnsupportedError says which kernel feature the backend found missing. It
+// matches [proxier.ErrNotSupported].
+type UnsupportedError struct {
+	// Feature names what is missing, e.g. "nft_fib".
+	Feature string
+	// Err is the kernel's answer.
+	Err error
+}
+
+func (e *UnsupportedError) Error() string {
+	return "nftables: kernel lacks " + e.Feature + ": " + e.Err.Error()
+}
+
+// Is matches [proxier.ErrNotSupported].
+func (e *UnsupportedError) Is(target error) bool { return target == proxier.ErrNotSupported }
+
+// Unwrap returns the kernel's answer.
+func (e *UnsupportedError) Unwrap() error { return e.Err }
+
+// probe checks that the kernel accepts everything the backend programs,
+// by sending the full skeleton in a transaction that creates and deletes
+// a scratch table. Nothing stays behind, even if the process dies.
+func (b *backend) probe() error {
+	name := fmt.Sprintf("%s-probe-%d", b.cfg.TableName, os.Getpid())
+	tx := newBatch(b.fi.proto, name)
+	tx.addTable()
+	if err := b.addSkeleton(tx); err != nil {
+		return err
+	}
+	// A sample service chain, with and without affinity.
+	tx.addChain("probe", nil)
+	for _, r := range slices.Concat(b.fi.selectRules(2, 0, 2, 0), b.fi.selectRules(2, 0, 2, time.Second)) {
+		enc, err := encodeExprs(b.fi.proto, r)
+		if err != nil {
+			return err
+		}
+		tx.addRule("probe", enc)
+	}
+	tx.delTable()
+	err := b.conn.commit(tx)
+	if err == nil {
+		return nil
+	}
+	var txErr *TxError
+	if !errors.As(err, &txErr) {
+		return fmt.Errorf("nftables: probe: %w", err)
+	}
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("nftables: probe: %w (CAP_NET_ADMIN is needed)", err)
+	}
+	// Name the missing feature: probe each on its own.
+	for _, f := range b.features() {
+		tx := newBatch(b.fi.proto, name)
+		tx.addTable()
+		f.add(tx)
+		tx.delTable()
+		if ferr := b.conn.commit(tx); ferr != nil {
+			return &UnsupportedError{Feature: f.name, Err: ferr}
+		}
+	}
+	return &UnsupportedError{Feature: "the backend's ruleset", Err: err}
+}
+
+type feature struct {
+	name string
+	add  func(tx *batch)
+}
+
+// features lists what the backend needs, each with a minimal use.
+func (b *backend) features() []feature {
+	fi := &b.fi
+	rl := func(tx *batch, chain string, h *hook, r rule) {
+		tx.addChain(chain, h)
+		enc, err := encodeExprs(fi.proto, r)
+		if err != nil {
+			tx.setErr(err)
+			return
+		}
+		tx.addRule(chain, enc)
+	}
+	natHook := &hook{unix.NF_INET_PRE_ROUTING, prioDNAT, "nat"}
+	filterHook := &hook{unix.NF_INET_LOCAL_IN, prioFilterPreDNAT, "filter"}
+	specs := fi.setSpecs(16)
+	set := func(tx *batch, name string) {
+		for i, s := range specs {
+			if s.name == name {
+				tx.addSet(s, uint32(i+1))
+			}
+		}
+	}
+	return []feature{
+		{"nf_tables NAT chains (nft_chain_nat)", func(tx *batch) { tx.addChain("c", natHook) }},
+		{"nft_ct", func(tx *batch) { rl(tx, "c", filterHook, ctStateNew()) }},
+		{"nft_fib", func(tx *batch) { rl(tx, "c", filterHook, fibLocal(false, expr.CmpOpEq)) }},
+		{"nft_reject", func(tx *batch) { rl(tx, "c", filterHook, fi.rejectRule()) }},
+		{"nft_numgen", func(tx *batch) { rl(tx, "c", nil, rule{randomIndex(reg(0), 2)}) }},
+		{"nft_masq", func(tx *batch) {
+			rl(tx, "c", &hook{unix.NF_INET_POST_ROUTING, prioSNAT, "nat"}, rule{&expr.Masq{FullyRandom: true}})
+		}},
+		{"concatenated interval sets (nft_set_pipapo)", func(tx *batch) { set(tx, setFirewallAllow) }},
+		{"interval sets (nft_set_rbtree)", func(tx *batch) { set(tx, setClusterCIDRs) }},
+		{"maps with data registers and DNAT from registers (nft_nat)", func(tx *batch) {
+			set(tx, endpointsMap(0))
+			rl(tx, "c", natHook, fi.selectRules(2, 0, 2, 0)[0])
+		}},
+		{"dynamic maps with timeouts and packet-path deletion (nft_dynset, Linux 5.13)", func(tx *batch) {
+			set(tx, endpointsMap(0))
+			set(tx, affinityMap(0))
+			set(tx, setAffinityEndpoints)
+			tx.addChain("c", natHook)
+			for _, r := range fi.selectRules(2, 0, 2, time.Second) {
+				enc, err := encodeExprs(fi.proto, r)
+				if err != nil {
+					tx.setErr(err)
+					return
+				}
+				tx.addRule("c", enc)
+			}
+		}},
+	}
+}
+
+// addSkeleton adds the sets and the fixed chains and their rules to tx.
+func (b *backend) addSkeleton(tx *batch) error {
+	for i, s := range b.fi.setSpecs(b.cfg.AffinityMapSize) {
+		tx.addSet(s, uint32(i+1))
+	}
+	chains := b.skeletonChains()
+	for i := range chains {
+		if err := b.r.encode(&chains[i]); err != nil {
+			return err
+		}
+		tx.addChain(chains[i].name, chains[i].hook)
+	}
+	for i := range chains {
+		for _, r := range chains[i].enc {
+			tx.addRule(chains[i].name, r)
+		}
+	}
+	return nil
+}
+
+func (b *backend) skeletonChains() []chainObj {
+	return b.fi.skeleton(b.cfg.MasqueradeBit, len(b.nodePortPrefixes()) > 0, b.cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0)
+}
+
+// clusterCIDRs returns the configured pod networks of the backend's family.
+func (b *backend) clusterCIDRs() [][2]netip.Addr {
+	return normalizeRanges(b.fi.fam, b.cfg.ClusterCIDRs)
+}
+
+// nodePortPrefixes returns the configured node port addresses of the
+// backend's family.
+func (b *backend) nodePortPrefixes() [][2]netip.Addr {
+	return normalizeRanges(b.fi.fam, b.cfg.NodePortAddresses)
+}
+
+// staticElems returns the elements that come from the configuration.
+func (b *backend) staticElems() []setElem {
+	var out []setElem
+	for _, e := range b.fi.intervalElems(b.clusterCIDRs()) {
+		out = append(out, setElem{set: setClusterCIDRs, e: e})
+	}
+	for _, e := range b.fi.intervalElems(b.nodePortPrefixes()) {
+		out = append(out, setElem{set: setNodePortIPs, e: e})
+	}
+	return out
+}
+
+func (b *backend) String() string {
+	return "nftables " + strings.ToLower(b.fi.fam.String()) + " " + b.cfg.TableName
+}

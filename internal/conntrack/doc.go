@@ -1,0 +1,11 @@
+// Package conntrack removes stale connection-tracking entries of
+// connectionless service traffic (UDP, SCTP) over netlink.
+//
+// A UDP "connection" through a service keeps its NAT binding in conntrack
+// for as long as the client keeps sending, so a client whose endpoint went
+// away would keep sending into the void (the classic five-second DNS
+// stall). After every sync the engine hands this package the service
+// addresses and the endpoints each may still reach; every flow to a
+// service address whose reply comes from anything else is deleted, and
+// the client's next packet is load-balanced afresh.
+package conntrack

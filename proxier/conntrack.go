@@ -1,0 +1,140 @@
+package proxier
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/internal/conntrack"
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/model"
+)
+
+// conntrackHook deletes stale UDP and SCTP flows after each sync.
+type conntrackHook struct {
+	log     *slog.Logger
+	handle  *netlink.Handle
+	cleaner *conntrack.Cleaner
+	deleted prometheus.Counter
+	// last programmed connectionless ports per family, so flows to a
+	// deleted service can still be found.
+	last map[model.IPFamily]map[model.ServicePortName]*model.ServicePort
+}
+
+func newConntrackHook(ns *netns.NS, log *slog.Logger, deleted prometheus.Counter) (*conntrackHook, error) {
+	h, err := ns.NetlinkHandle(unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, fmt.Errorf("proxier: conntrack netlink handle: %w", err)
+	}
+	return &conntrackHook{
+		log:     log,
+		handle:  h,
+		cleaner: conntrack.New(h),
+		deleted: deleted,
+		last:    map[model.IPFamily]map[model.ServicePortName]*model.ServicePort{},
+	}, nil
+}
+
+func (c *conntrackHook) close() { c.handle.Close() }
+
+func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncRequest) {
+	fam := b.Family()
+	last := c.last[fam]
+	if last == nil {
+		last = map[model.ServicePortName]*model.ServicePort{}
+		c.last[fam] = last
+	}
+	valid := conntrack.Valid{}
+	consider := func(name model.ServicePortName) {
+		sp := req.State.Services[name]
+		if sp == nil {
+			if old := last[name]; old != nil {
+				addFrontends(valid, old, nil, nil) // deleted: nothing is valid
+				delete(last, name)
+			}
+			return
+		}
+		if !sp.Protocol.Connectionless() {
+			delete(last, name)
+			return
+		}
+		var internal, external []*model.Endpoint
+		if t := req.Targets[name]; t != nil {
+			internal, external = t.Internal, t.External
+		}
+		addFrontends(valid, sp, internal, external)
+		if old := last[name]; old != nil && old != sp {
+			// Addresses the port no longer has are dead too.
+			addGone(valid, old, sp)
+		}
+		last[name] = sp
+	}
+	if req.Full {
+		for name := range req.State.Services {
+			consider(name)
+		}
+		for name := range last {
+			if _, ok := req.State.Services[name]; !ok {
+				consider(name)
+			}
+		}
+	} else {
+		for name := range req.Changed {
+			consider(name)
+		}
+	}
+	if len(valid) == 0 {
+		return
+	}
+	n, err := c.cleaner.Clean(fam, valid)
+	if err != nil {
+		c.log.Warn("conntrack cleanup failed", "family", fam.String(), "err", err)
+	}
+	if n > 0 {
+		c.deleted.Add(float64(n))
+		c.log.Debug("deleted stale conntrack flows", "family", fam.String(), "flows", n)
+	}
+}
+
+func addFrontends(valid conntrack.Valid, sp *model.ServicePort, internal, external []*model.Endpoint) {
+	fe := func(a netip.Addr, port uint16) conntrack.Frontend {
+		return conntrack.Frontend{Addr: netip.AddrPortFrom(a, port), Protocol: sp.Protocol}
+	}
+	add := func(f conntrack.Frontend, eps []*model.Endpoint) {
+		valid.Add(f, netip.AddrPort{})
+		for _, ep := range eps {
+			valid.Add(f, ep.Addr)
+		}
+	}
+	if sp.ClusterIP.IsValid() {
+		add(fe(sp.ClusterIP, sp.Port), internal)
+	}
+	for _, ip := range sp.ExternalIPs {
+		add(fe(ip, sp.Port), external)
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		add(fe(ip, sp.Port), external)
+	}
+	if sp.NodePort != 0 {
+		add(fe(netip.Addr{}, sp.NodePort), external)
+	}
+}
+
+// addGone marks the frontends old had and sp has not as having no valid
+// endpoint.
+func addGone(valid conntrack.Valid, old, sp *model.ServicePort) {
+	gone := conntrack.Valid{}
+	addFrontends(gone, old, nil, nil)
+	now := conntrack.Valid{}
+	addFrontends(now, sp, nil, nil)
+	for f := range gone {
+		if _, ok := now[f]; !ok {
+			valid.Add(f, netip.AddrPort{})
+		}
+	}
+}

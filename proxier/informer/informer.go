@@ -1,0 +1,172 @@
+package informer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// Labels the selectors use.
+const (
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
+)
+
+// Config says what to watch.
+type Config struct {
+	// NodeName is the node whose Node object is watched; empty watches
+	// no Node.
+	NodeName string
+	// ServiceProxyName selects Services labelled
+	// service.kubernetes.io/service-proxy-name with this value; empty
+	// selects those without the label. Match it with the proxier's
+	// Config.ServiceProxyName.
+	ServiceProxyName string
+	// Resync is the informers' resync period; zero disables it.
+	Resync time.Duration
+}
+
+// Selector returns the label selector for Services and EndpointSlices:
+// not headless, and with the given service-proxy-name (or none).
+func Selector(serviceProxyName string) (labels.Selector, error) {
+	noHeadless, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, err
+	}
+	var proxyName *labels.Requirement
+	if serviceProxyName == "" {
+		proxyName, err = labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	} else {
+		proxyName, err = labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{serviceProxyName})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("service-proxy-name %q: %w", serviceProxyName, err)
+	}
+	return labels.NewSelector().Add(*noHeadless, *proxyName), nil
+}
+
+// Run starts informers on client, delivers their events to p, calls the
+// Synced handlers once the initial lists are in, and blocks until ctx is
+// done. It fails if the caches cannot sync before ctx ends.
+func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cfg Config) error {
+	sel, err := Selector(cfg.ServiceProxyName)
+	if err != nil {
+		return err
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, cfg.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	svcInf := factory.Core().V1().Services().Informer()
+	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { withService(o, p.OnServiceAdd) },
+		UpdateFunc: func(a, b any) { withServices(a, b, p.OnServiceUpdate) },
+		DeleteFunc: func(o any) { withService(o, p.OnServiceDelete) },
+	}); err != nil {
+		return err
+	}
+	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { withSlice(o, p.OnEndpointSliceAdd) },
+		UpdateFunc: func(a, b any) { withSlices(a, b, p.OnEndpointSliceUpdate) },
+		DeleteFunc: func(o any) { withSlice(o, p.OnEndpointSliceDelete) },
+	}); err != nil {
+		return err
+	}
+	synced := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	var nodeFactory informers.SharedInformerFactory
+	if cfg.NodeName != "" {
+		nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, cfg.Resync,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+			}))
+		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
+		if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { withNode(o, cfg.NodeName, p.OnNodeAdd) },
+			UpdateFunc: func(a, b any) { withNodes(a, b, cfg.NodeName, p.OnNodeUpdate) },
+			DeleteFunc: func(o any) { withNode(o, cfg.NodeName, p.OnNodeDelete) },
+		}); err != nil {
+			return err
+		}
+		synced = append(synced, nodeInf.HasSynced)
+		nodeFactory.Start(ctx.Done())
+	}
+	factory.Start(ctx.Done())
+	defer func() {
+		factory.Shutdown()
+		if nodeFactory != nil {
+			nodeFactory.Shutdown()
+		}
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return errors.New("informer: caches did not sync")
+	}
+	p.OnServiceSynced()
+	p.OnEndpointSlicesSynced()
+	p.OnNodeSynced()
+	<-ctx.Done()
+	return nil
+}
+
+// unwrap returns the object inside a tombstone.
+func unwrap(o any) any {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return o
+}
+
+func withService(o any, f func(*v1.Service)) {
+	if s, ok := unwrap(o).(*v1.Service); ok {
+		f(s)
+	}
+}
+
+func withServices(a, b any, f func(_, _ *v1.Service)) {
+	x, ok1 := a.(*v1.Service)
+	y, ok2 := b.(*v1.Service)
+	if ok1 && ok2 {
+		f(x, y)
+	}
+}
+
+func withSlice(o any, f func(*discoveryv1.EndpointSlice)) {
+	if s, ok := unwrap(o).(*discoveryv1.EndpointSlice); ok {
+		f(s)
+	}
+}
+
+func withSlices(a, b any, f func(_, _ *discoveryv1.EndpointSlice)) {
+	x, ok1 := a.(*discoveryv1.EndpointSlice)
+	y, ok2 := b.(*discoveryv1.EndpointSlice)
+	if ok1 && ok2 {
+		f(x, y)
+	}
+}
+
+// withNode and withNodes pass on only the named node, whatever the server
+// did with the field selector.
+func withNode(o any, name string, f func(*v1.Node)) {
+	if n, ok := unwrap(o).(*v1.Node); ok && n.Name == name {
+		f(n)
+	}
+}
+
+func withNodes(a, b any, name string, f func(_, _ *v1.Node)) {
+	x, ok1 := a.(*v1.Node)
+	y, ok2 := b.(*v1.Node)
+	if ok1 && ok2 && y.Name == name {
+		f(x, y)
+	}
+}

@@ -1,0 +1,117 @@
+package informer
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// events is a Proxier that records the events it receives.
+type events struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (e *events) add(s string) { e.mu.Lock(); e.log = append(e.log, s); e.mu.Unlock() }
+func (e *events) has(s string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Contains(e.log, s)
+}
+
+func (e *events) OnServiceAdd(s *v1.Service)                            { e.add("svc+ " + s.Name) }
+func (e *events) OnServiceUpdate(_, s *v1.Service)                      { e.add("svc~ " + s.Name) }
+func (e *events) OnServiceDelete(s *v1.Service)                         { e.add("svc- " + s.Name) }
+func (e *events) OnServiceSynced()                                      { e.add("svc synced") }
+func (e *events) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice)       { e.add("eps+ " + s.Name) }
+func (e *events) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) { e.add("eps~ " + s.Name) }
+func (e *events) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice)    { e.add("eps- " + s.Name) }
+func (e *events) OnEndpointSlicesSynced()                               { e.add("eps synced") }
+func (e *events) OnNodeAdd(n *v1.Node)                                  { e.add("node+ " + n.Name) }
+func (e *events) OnNodeUpdate(_, n *v1.Node)                            { e.add("node~ " + n.Name) }
+func (e *events) OnNodeDelete(n *v1.Node)                               { e.add("node- " + n.Name) }
+func (e *events) OnNodeSynced()                                         { e.add("node synced") }
+func (e *events) Sync()                                                 {}
+func (e *events) Flush(context.Context) error                           { return nil }
+func (e *events) Run(context.Context) error                             { return nil }
+func (e *events) Cleanup(context.Context) error                         { return nil }
+func (e *events) Close() error                                          { return nil }
+
+func svc(name string, labels map[string]string) *v1.Service {
+	return &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: labels},
+		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.1", Ports: []v1.ServicePort{{Port: 80}}}}
+}
+
+func TestRunDeliversSelectedObjects(t *testing.T) {
+	client := fake.NewClientset(
+		svc("plain", nil),
+		svc("other-proxy", map[string]string{LabelServiceProxyName: "someone-else"}),
+		svc("headless", map[string]string{LabelHeadless: ""}),
+		&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plain-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "plain"}}, AddressType: discoveryv1.AddressTypeIPv4},
+		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{"topology.kubernetes.io/zone": "a"}}},
+		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node2"}},
+	)
+	ev := &events{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, client, ev, Config{NodeName: "node1"}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitFor(t, ev, "svc synced", "eps synced", "node synced", "svc+ plain", "eps+ plain-1", "node+ node1")
+
+	// Live events flow too.
+	if _, err := client.CoreV1().Services("ns").Create(ctx, svc("late", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.DiscoveryV1().EndpointSlices("ns").Delete(ctx, "plain-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ev, "svc+ late", "eps- plain-1")
+
+	for _, unwanted := range []string{"svc+ other-proxy", "svc+ headless", "node+ node2"} {
+		if ev.has(unwanted) {
+			t.Errorf("got %q; the selectors must filter it", unwanted)
+		}
+	}
+}
+
+func TestSelector(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"", "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"},
+		{"mine", "!service.kubernetes.io/headless,service.kubernetes.io/service-proxy-name=mine"},
+	} {
+		sel, err := Selector(tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sel.String() != tc.want {
+			t.Errorf("Selector(%q) = %q, want %q", tc.name, sel.String(), tc.want)
+		}
+	}
+}
+
+func waitFor(t *testing.T, ev *events, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, w := range want {
+		for !ev.has(w) {
+			if time.Now().After(deadline) {
+				ev.mu.Lock()
+				t.Fatalf("no %q event; got %v", w, ev.log)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

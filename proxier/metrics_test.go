@@ -1,0 +1,55 @@
+package proxier
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/proxykit/proxykit/model"
+)
+
+func TestMetricsScrapedOverHTTP(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := newRecorder(model.IPv4)
+	e, _ := newTestEngine(t, Config{MinSyncInterval: 10 * time.Millisecond, Registerer: reg}, r)
+	e.OnServiceAdd(testService("a", "10.96.0.1", 80))
+	e.OnServiceAdd(testService("b", "10.96.0.2", 80))
+	e.OnEndpointSliceAdd(testSlice("a", "a-1", "10.244.1.2"))
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		`kubeproxy_sync_proxy_rules_service_changes_total{backend="recorder"} 2`,
+		`kubeproxy_sync_proxy_rules_endpoint_changes_total{backend="recorder"} 1`,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{backend="recorder"} 1`,
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{backend="recorder",ip_family="IPv4"} 1`,
+		`proxykit_sync_changes_pending{backend="recorder"} 0`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if !strings.Contains(text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
+		t.Error("no last sync timestamp")
+	}
+}

@@ -1,0 +1,101 @@
+package proxier
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/proxykit/proxykit/model"
+)
+
+func ep(addr string, opts ...func(*model.Endpoint)) *model.Endpoint {
+	e := &model.Endpoint{Addr: netip.MustParseAddrPort(addr), Ready: true, Serving: true}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+func local(e *model.Endpoint)       { e.Local = true; e.NodeName = "n1" }
+func notReady(e *model.Endpoint)    { e.Ready, e.Serving = false, false }
+func terminating(e *model.Endpoint) { e.Ready, e.Terminating = false, true }
+func zone(z string) func(*model.Endpoint) {
+	return func(e *model.Endpoint) { e.Zone = z }
+}
+func zoneHints(z ...string) func(*model.Endpoint) {
+	return func(e *model.Endpoint) { e.ZoneHints = z }
+}
+func nodeHints(n ...string) func(*model.Endpoint) {
+	return func(e *model.Endpoint) { e.NodeHints = n }
+}
+
+func addrs(eps []*model.Endpoint) []string {
+	out := []string{}
+	for _, e := range eps {
+		out = append(out, e.Addr.String())
+	}
+	return out
+}
+
+func TestSelectTargets(t *testing.T) {
+	topo := Topology{NodeName: "n1", Zone: "a"}
+	clusterIP := &model.ServicePort{Port: 80}
+	nodePort := &model.ServicePort{Port: 80, NodePort: 30080}
+	etpLocal := &model.ServicePort{Port: 80, NodePort: 30080, ExternalPolicy: model.PolicyLocal}
+	itpLocal := &model.ServicePort{Port: 80, InternalPolicy: model.PolicyLocal}
+	sameZone := &model.ServicePort{Port: 80, TrafficDistribution: model.PreferSameZone}
+	sameNode := &model.ServicePort{Port: 80, TrafficDistribution: model.PreferSameNode}
+
+	for _, tc := range []struct {
+		name         string
+		sp           *model.ServicePort
+		eps          []*model.Endpoint
+		internal     []string
+		external     []string
+		hasEndpoints bool
+	}{
+		{"no endpoints", clusterIP, nil, []string{}, []string{}, false},
+		{"ready only", clusterIP, []*model.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80", notReady)}, []string{"10.0.0.1:80"}, []string{}, true},
+		{"only not ready", clusterIP, []*model.Endpoint{ep("10.0.0.2:80", notReady)}, []string{}, []string{}, false},
+		{"terminating fallback", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", terminating), ep("10.0.0.2:80", notReady)}, []string{"10.0.0.1:80"}, []string{}, true},
+		{"terminating unused while ready exist", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", terminating), ep("10.0.0.2:80")}, []string{"10.0.0.2:80"}, []string{}, true},
+		{"node port uses cluster endpoints", nodePort, []*model.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80", local)}, []string{"10.0.0.1:80", "10.0.0.2:80"}, []string{"10.0.0.1:80", "10.0.0.2:80"}, true},
+		{"etp local", etpLocal, []*model.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80", local)}, []string{"10.0.0.1:80", "10.0.0.2:80"}, []string{"10.0.0.2:80"}, true},
+		{"etp local without local endpoints drops", etpLocal, []*model.Endpoint{ep("10.0.0.1:80")}, []string{"10.0.0.1:80"}, []string{}, true},
+		{"etp local terminating local fallback", etpLocal, []*model.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80", local, terminating)}, []string{"10.0.0.1:80"}, []string{"10.0.0.2:80"}, true},
+		{"itp local", itpLocal, []*model.Endpoint{ep("10.0.0.1:80"), ep("10.0.0.2:80", local)}, []string{"10.0.0.2:80"}, []string{}, true},
+		{"itp local none local", itpLocal, []*model.Endpoint{ep("10.0.0.1:80")}, []string{}, []string{}, true},
+		{"zone hints", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", zoneHints("a")), ep("10.0.0.2:80", zoneHints("b"))}, []string{"10.0.0.1:80"}, []string{}, true},
+		{"zone hints not for us", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", zoneHints("c")), ep("10.0.0.2:80", zoneHints("b"))}, []string{"10.0.0.1:80", "10.0.0.2:80"}, []string{}, true},
+		{"incomplete hints ignored", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", zoneHints("a")), ep("10.0.0.2:80")}, []string{"10.0.0.1:80", "10.0.0.2:80"}, []string{}, true},
+		{"node hints", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", nodeHints("n2"), zoneHints("a")), ep("10.0.0.2:80", nodeHints("n1"), zoneHints("a"))}, []string{"10.0.0.2:80"}, []string{}, true},
+		{"prefer same zone without hints", sameZone, []*model.Endpoint{ep("10.0.0.1:80", zone("a")), ep("10.0.0.2:80", zone("b"))}, []string{"10.0.0.1:80"}, []string{}, true},
+		{"prefer same zone, none in zone", sameZone, []*model.Endpoint{ep("10.0.0.1:80", zone("c")), ep("10.0.0.2:80", zone("b"))}, []string{"10.0.0.1:80", "10.0.0.2:80"}, []string{}, true},
+		{"prefer same node without hints", sameNode, []*model.Endpoint{ep("10.0.0.1:80", zone("a")), ep("10.0.0.2:80", local)}, []string{"10.0.0.2:80"}, []string{}, true},
+		{"topology ignores not-ready", clusterIP, []*model.Endpoint{ep("10.0.0.1:80", zoneHints("a")), ep("10.0.0.2:80", zoneHints("b")), ep("10.0.0.3:80", notReady)}, []string{"10.0.0.1:80"}, []string{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := SelectTargets(tc.sp, tc.eps, topo)
+			if g := addrs(got.Internal); !equal(g, tc.internal) {
+				t.Errorf("internal = %v, want %v", g, tc.internal)
+			}
+			if g := addrs(got.External); !equal(g, tc.external) {
+				t.Errorf("external = %v, want %v", g, tc.external)
+			}
+			if got.HasEndpoints != tc.hasEndpoints {
+				t.Errorf("HasEndpoints = %v, want %v", got.HasEndpoints, tc.hasEndpoints)
+			}
+		})
+	}
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
