@@ -93,8 +93,11 @@ func (n *NS) Do(fn func() error) error {
 		}
 		ferr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			// Leave the thread locked: it exits with this goroutine
-			// instead of serving others in the wrong namespace.
+			// Leave the thread locked so the runtime terminates it
+			// when this goroutine exits, instead of handing it to other
+			// goroutines in the wrong namespace. (Do always runs fn on a
+			// fresh goroutine, never on the main thread, which the
+			// runtime would park forever instead.)
 			errc <- fmt.Errorf("return from network namespace %s: %w", n.path, err)
 			return
 		}
