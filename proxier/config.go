@@ -52,6 +52,13 @@ type Config struct {
 	// conntrack flows after each sync (for backends that need none, and
 	// for tests that run in the caller's own namespace).
 	NoConntrackCleanup bool
+	// NoServiceHealthChecks turns off the HTTP servers on the
+	// healthCheckNodePort of Services with externalTrafficPolicy Local.
+	NoServiceHealthChecks bool
+	// HealthTimeout is how long an event may wait to be programmed before
+	// the proxier reports itself unhealthy (see [HealthHandler]). Zero
+	// means DefaultHealthTimeout.
+	HealthTimeout time.Duration
 
 	// Logger receives the proxier's logs. Nil discards them.
 	Logger *slog.Logger

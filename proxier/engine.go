@@ -15,6 +15,7 @@ import (
 	"github.com/proxykit/proxykit/changetracker"
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier/healthcheck"
 )
 
 // LabelTopologyZone is the node label that names its zone.
@@ -30,6 +31,7 @@ type Engine struct {
 	hooks    []AfterSyncHook
 	ct       *conntrackHook
 	metrics  *metrics
+	svcHC    *healthcheck.ServiceServers
 	ns       *netns.NS
 
 	mu             sync.Mutex
@@ -43,6 +45,9 @@ type Engine struct {
 	waiters        []chan struct{}
 	running        bool
 	closed         bool
+	health         Health
+	syncing        bool      // a sync has captured eventSeq and runs
+	pendingAfter   time.Time // first event after that capture
 }
 
 var _ Proxier = (*Engine)(nil)
@@ -105,6 +110,13 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		return nil, fmt.Errorf("proxier: %w", err)
 	}
 	e.ns = ns
+	if !cfg.NoServiceHealthChecks {
+		timeout := cfg.HealthTimeout
+		if timeout <= 0 {
+			timeout = DefaultHealthTimeout
+		}
+		e.svcHC = healthcheck.NewServiceServers(ns, nil, func() bool { return e.Health().Healthy(time.Now(), timeout) }, e.log)
+	}
 	if !cfg.NoConntrackCleanup {
 		ct, err := newConntrackHook(ns, e.log, e.metrics.conntrackDeleted)
 		if err != nil {
@@ -126,6 +138,13 @@ func (e *Engine) event(apply func()) {
 	e.mu.Lock()
 	apply()
 	e.eventSeq++
+	now := time.Now()
+	if e.health.OldestPending.IsZero() {
+		e.health.OldestPending = now
+	}
+	if e.syncing && e.pendingAfter.IsZero() {
+		e.pendingAfter = now
+	}
 	e.mu.Unlock()
 	e.runner.request()
 	e.metrics.lastQueued.SetToCurrentTime()
@@ -197,12 +216,14 @@ func (e *Engine) OnNodeUpdate(_, node *v1.Node) {
 			ips = append(ips, ip.Unmap())
 		}
 	}
+	terminating := nodeTerminating(node)
 	e.event(func() {
 		if zone != e.topo.Zone {
 			e.topo.Zone = zone
 			e.topoChanged = true
 		}
 		e.nodeIPs = ips
+		e.health.NodeTerminating = terminating
 	})
 }
 
@@ -216,6 +237,7 @@ func (e *Engine) OnNodeDelete(node *v1.Node) {
 			e.topo.Zone = ""
 			e.topoChanged = true
 		}
+		e.health.NodeTerminating = true
 	})
 }
 
@@ -261,7 +283,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		return errors.New("proxier: Run called twice or after Close")
 	}
 	e.running = true
+	e.health.Running = true
+	e.health.LastLoop = time.Now()
 	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.health.Running = false
+		e.mu.Unlock()
+	}()
 	e.runner.request()
 	e.runner.loop(ctx, e.syncOnce, time.Now)
 	return nil
@@ -271,11 +300,13 @@ func (e *Engine) Run(ctx context.Context) error {
 // whether all families synced, and whether the engine was ready to sync.
 func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	e.mu.Lock()
+	e.health.LastLoop = time.Now()
 	if !e.servicesSynced || !e.slicesSynced {
 		e.mu.Unlock()
 		return false, false
 	}
 	seq := e.eventSeq
+	e.syncing, e.pendingAfter = true, time.Time{}
 	topo := e.topo
 	topoChanged := e.topoChanged
 	e.topoChanged = false
@@ -303,6 +334,8 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 		if seq > e.syncedSeq {
 			e.syncedSeq = seq
 		}
+		e.health.LastSync = time.Now()
+		e.health.OldestPending = e.pendingAfter
 		for _, w := range e.waiters {
 			select {
 			case w <- struct{}{}:
@@ -312,6 +345,10 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 		e.waiters = nil
 		e.mu.Unlock()
 	}
+	e.mu.Lock()
+	e.syncing = false
+	e.mu.Unlock()
+	e.syncServiceHealth()
 	return ok, true
 }
 
@@ -377,6 +414,36 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 	f.changed = map[model.ServicePortName]struct{}{}
 	f.needFull = false
 	return true
+}
+
+// syncServiceHealth opens, closes and updates the health check servers of
+// Services with externalTrafficPolicy Local.
+func (e *Engine) syncServiceHealth() {
+	if e.svcHC == nil {
+		return
+	}
+	want := map[model.ServiceName]healthcheck.ServiceHealth{}
+	for _, f := range e.families {
+		state := f.tracker.State()
+		for name, sp := range state.Services {
+			if sp.HealthCheckNodePort == 0 || !sp.ExternalLocal() {
+				continue
+			}
+			local := 0
+			for _, ep := range state.Endpoints[name] {
+				if ep.Local && ep.Ready {
+					local++
+				}
+			}
+			h := want[name.ServiceName]
+			h.Port = sp.HealthCheckNodePort
+			h.LocalEndpoints = max(h.LocalEndpoints, local)
+			want[name.ServiceName] = h
+		}
+	}
+	if err := e.svcHC.Sync(want); err != nil {
+		e.log.Warn("service health checks", "err", err)
+	}
 }
 
 // countNoLocal updates the gauge of Local-policy service ports without a
@@ -450,6 +517,9 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	e.mu.Unlock()
+	if e.svcHC != nil {
+		e.svcHC.Close()
+	}
 	if e.ct != nil {
 		e.ct.close()
 	}

@@ -111,6 +111,7 @@ func testSlice(svc, name string, ips ...string) *discoveryv1.EndpointSlice {
 func newTestEngine(t *testing.T, cfg Config, backends ...Backend) (*Engine, context.CancelFunc) {
 	t.Helper()
 	cfg.NoConntrackCleanup = true
+	cfg.NoServiceHealthChecks = true
 	cfg.Families = nil
 	e, err := New(cfg, backends...)
 	if err != nil {

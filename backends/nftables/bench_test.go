@@ -2,9 +2,7 @@ package nftables
 
 import (
 	"fmt"
-	"log/slog"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/proxykit/proxykit/model"
@@ -82,18 +80,4 @@ func BenchmarkOneEndpointAdd(b *testing.B) {
 			}
 		})
 	}
-}
-
-func TestScaleTiming(t *testing.T) {
-	if os.Getenv("PK_SCALE") == "" {
-		t.Skip("set PK_SCALE")
-	}
-	ns := newNS(t)
-	be := newTestBackend(t, ns, model.IPv4, Config{Config: proxier.Config{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}})
-	req := request(model.IPv4, scaleServices(10000, 10), nil)
-	for range 3 {
-		be.Cleanup(t.Context())
-		mustSync(t, be, req)
-	}
-	mustSync(t, be, req)
 }
