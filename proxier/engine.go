@@ -14,6 +14,7 @@ import (
 
 	"github.com/proxykit/proxykit/changetracker"
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ratelog"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier/healthcheck"
 )
@@ -46,8 +47,9 @@ type Engine struct {
 	running        bool
 	closed         bool
 	health         Health
-	syncing        bool      // a sync has captured eventSeq and runs
-	pendingAfter   time.Time // first event after that capture
+	triggerTimes   []time.Time // EndpointSlice change times not yet programmed
+	syncing        bool        // a sync has captured eventSeq and runs
+	pendingAfter   time.Time   // first event after that capture
 }
 
 var _ Proxier = (*Engine)(nil)
@@ -82,6 +84,8 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		topo:   Topology{NodeName: cfg.NodeName},
 	}
 	e.metrics = newMetrics(cfg.Registerer, backends[0].Name())
+	// Bad objects are logged per object; a flood of them is rate limited.
+	trackerLog := slog.New(ratelog.New(cfg.Logger.Handler(), time.Minute, 20))
 	seen := map[model.IPFamily]bool{}
 	for _, b := range backends {
 		f := b.Family()
@@ -98,7 +102,7 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 				Family:           f,
 				NodeName:         cfg.NodeName,
 				ServiceProxyName: cfg.ServiceProxyName,
-				Logger:           cfg.Logger.With("family", f.String()),
+				Logger:           trackerLog.With("family", f.String()),
 			}),
 			targets:  map[model.ServicePortName]*Targets{},
 			changed:  map[model.ServicePortName]struct{}{},
@@ -176,7 +180,11 @@ func (e *Engine) OnEndpointSliceAdd(slice *discoveryv1.EndpointSlice) {
 
 // OnEndpointSliceUpdate implements [EndpointSliceHandler].
 func (e *Engine) OnEndpointSliceUpdate(_, slice *discoveryv1.EndpointSlice) {
+	trigger := triggerTime(slice)
 	e.event(func() {
+		if !trigger.IsZero() {
+			e.triggerTimes = append(e.triggerTimes, trigger)
+		}
 		for _, f := range e.families {
 			f.tracker.OnEndpointSlice(slice, false)
 		}
@@ -307,6 +315,8 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	}
 	seq := e.eventSeq
 	e.syncing, e.pendingAfter = true, time.Time{}
+	triggers := e.triggerTimes
+	e.triggerTimes = nil
 	topo := e.topo
 	topoChanged := e.topoChanged
 	e.topoChanged = false
@@ -335,6 +345,9 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 			e.syncedSeq = seq
 		}
 		e.health.LastSync = time.Now()
+		for _, t := range triggers {
+			e.metrics.programming.Observe(e.health.LastSync.Sub(t).Seconds())
+		}
 		e.health.OldestPending = e.pendingAfter
 		for _, w := range e.waiters {
 			select {
@@ -347,6 +360,9 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	}
 	e.mu.Lock()
 	e.syncing = false
+	if !ok {
+		e.triggerTimes = append(triggers, e.triggerTimes...)
+	}
 	e.mu.Unlock()
 	e.syncServiceHealth()
 	return ok, true
@@ -444,6 +460,25 @@ func (e *Engine) syncServiceHealth() {
 	if err := e.svcHC.Sync(want); err != nil {
 		e.log.Warn("service health checks", "err", err)
 	}
+}
+
+// AnnotationTriggerTime is the EndpointSlice annotation the control plane
+// sets to when the change behind the slice's last update happened.
+const AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
+
+func triggerTime(slice *discoveryv1.EndpointSlice) time.Time {
+	if slice == nil {
+		return time.Time{}
+	}
+	v, ok := slice.Annotations[AnnotationTriggerTime]
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
 }
 
 // countNoLocal updates the gauge of Local-policy service ports without a

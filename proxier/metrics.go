@@ -21,6 +21,7 @@ type metrics struct {
 	pendingChanges      prometheus.Gauge
 	noLocalEndpoints    *prometheus.GaugeVec
 	conntrackDeleted    prometheus.Counter
+	programming         prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, backend string) *metrics {
@@ -66,10 +67,15 @@ func newMetrics(reg prometheus.Registerer, backend string) *metrics {
 		conntrackDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kubeproxy_conntrack_reconciler_deleted_entries_total", Help: "Stale conntrack flows deleted.", ConstLabels: labels,
 		}),
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kubeproxy_network_programming_duration_seconds",
+			Help:    "From an EndpointSlice change in the control plane (its last-change-trigger-time) to the change programmed.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20), ConstLabels: labels,
+		}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.syncDuration, m.fullSyncDuration, m.partialSyncDuration, m.lastSync,
-			m.lastQueued, m.syncFailures, m.serviceChanges, m.endpointChanges, m.pendingChanges, m.noLocalEndpoints, m.conntrackDeleted} {
+			m.lastQueued, m.syncFailures, m.serviceChanges, m.endpointChanges, m.pendingChanges, m.noLocalEndpoints, m.conntrackDeleted, m.programming} {
 			// A second proxier on the same registry would collide; the
 			// caller then gets the first one's metrics only.
 			_ = reg.Register(c)

@@ -21,7 +21,9 @@ func TestMetricsScrapedOverHTTP(t *testing.T) {
 	e, _ := newTestEngine(t, Config{MinSyncInterval: 10 * time.Millisecond, Registerer: reg}, r)
 	e.OnServiceAdd(testService("a", "10.96.0.1", 80))
 	e.OnServiceAdd(testService("b", "10.96.0.2", 80))
-	e.OnEndpointSliceAdd(testSlice("a", "a-1", "10.244.1.2"))
+	sl := testSlice("a", "a-1", "10.244.1.2")
+	sl.Annotations = map[string]string{AnnotationTriggerTime: time.Now().Add(-2 * time.Second).Format(time.RFC3339Nano)}
+	e.OnEndpointSliceAdd(sl)
 	e.OnServiceSynced()
 	e.OnEndpointSlicesSynced()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -44,6 +46,8 @@ func TestMetricsScrapedOverHTTP(t *testing.T) {
 		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{backend="recorder"} 1`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_count{backend="recorder",ip_family="IPv4"} 1`,
 		`proxykit_sync_changes_pending{backend="recorder"} 0`,
+		`kubeproxy_network_programming_duration_seconds_count{backend="recorder"} 1`,
+		`kubeproxy_network_programming_duration_seconds_bucket{backend="recorder",le="1.024"} 0`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
