@@ -2,8 +2,6 @@ package informer
 
 import (
 	"context"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,38 +9,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/proxykit/proxykit/internal/fakeproxier"
 )
-
-// events is a Proxier that records the events it receives.
-type events struct {
-	mu  sync.Mutex
-	log []string
-}
-
-func (e *events) add(s string) { e.mu.Lock(); e.log = append(e.log, s); e.mu.Unlock() }
-func (e *events) has(s string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return slices.Contains(e.log, s)
-}
-
-func (e *events) OnServiceAdd(s *v1.Service)                            { e.add("svc+ " + s.Name) }
-func (e *events) OnServiceUpdate(_, s *v1.Service)                      { e.add("svc~ " + s.Name) }
-func (e *events) OnServiceDelete(s *v1.Service)                         { e.add("svc- " + s.Name) }
-func (e *events) OnServiceSynced()                                      { e.add("svc synced") }
-func (e *events) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice)       { e.add("eps+ " + s.Name) }
-func (e *events) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) { e.add("eps~ " + s.Name) }
-func (e *events) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice)    { e.add("eps- " + s.Name) }
-func (e *events) OnEndpointSlicesSynced()                               { e.add("eps synced") }
-func (e *events) OnNodeAdd(n *v1.Node)                                  { e.add("node+ " + n.Name) }
-func (e *events) OnNodeUpdate(_, n *v1.Node)                            { e.add("node~ " + n.Name) }
-func (e *events) OnNodeDelete(n *v1.Node)                               { e.add("node- " + n.Name) }
-func (e *events) OnNodeSynced()                                         { e.add("node synced") }
-func (e *events) Sync()                                                 {}
-func (e *events) Flush(context.Context) error                           { return nil }
-func (e *events) Run(context.Context) error                             { return nil }
-func (e *events) Cleanup(context.Context) error                         { return nil }
-func (e *events) Close() error                                          { return nil }
 
 func svc(name string, labels map[string]string) *v1.Service {
 	return &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: labels},
@@ -59,7 +28,7 @@ func TestRunDeliversSelectedObjects(t *testing.T) {
 		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{"topology.kubernetes.io/zone": "a"}}},
 		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node2"}},
 	)
-	ev := &events{}
+	ev := &fakeproxier.Events{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, client, ev, Config{NodeName: "node1"}) }()
@@ -81,7 +50,7 @@ func TestRunDeliversSelectedObjects(t *testing.T) {
 	waitFor(t, ev, "svc+ late", "eps- plain-1")
 
 	for _, unwanted := range []string{"svc+ other-proxy", "svc+ headless", "node+ node2"} {
-		if ev.has(unwanted) {
+		if ev.Has(unwanted) {
 			t.Errorf("got %q; the selectors must filter it", unwanted)
 		}
 	}
@@ -102,14 +71,13 @@ func TestSelector(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, ev *events, want ...string) {
+func waitFor(t *testing.T, ev *fakeproxier.Events, want ...string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for _, w := range want {
-		for !ev.has(w) {
+		for !ev.Has(w) {
 			if time.Now().After(deadline) {
-				ev.mu.Lock()
-				t.Fatalf("no %q event; got %v", w, ev.log)
+				t.Fatalf("no %q event; got %v", w, ev.Lines())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

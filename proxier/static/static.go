@@ -206,64 +206,36 @@ func (s *Source) reload(p proxier.Proxier, log *slog.Logger) error {
 // deliver hands p the difference between the objects delivered so far and
 // objs, and remembers objs.
 func (s *Source) deliver(p proxier.Proxier, objs *Objects) {
-	services, slices, nodes := s.services, s.slices, s.nodes
-	seen := map[string]bool{}
-	for _, svc := range objs.Services {
-		k := svc.Namespace + "/" + svc.Name
+	key := func(ns, name string) string { return ns + "/" + name }
+	diff(s.services, objs.Services, func(o *v1.Service) string { return key(o.Namespace, o.Name) },
+		p.OnServiceAdd, p.OnServiceUpdate, p.OnServiceDelete)
+	diff(s.slices, objs.EndpointSlices, func(o *discoveryv1.EndpointSlice) string { return key(o.Namespace, o.Name) },
+		p.OnEndpointSliceAdd, p.OnEndpointSliceUpdate, p.OnEndpointSliceDelete)
+	diff(s.nodes, objs.Nodes, func(o *v1.Node) string { return o.Name },
+		p.OnNodeAdd, p.OnNodeUpdate, p.OnNodeDelete)
+}
+
+// diff calls add, update and delete for the difference between known (by
+// key, updated in place) and objs.
+func diff[T any](known map[string]T, objs []T, key func(T) string, add func(T), update func(old, cur T), del func(T)) {
+	seen := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		k := key(o)
 		seen[k] = true
-		switch old, ok := services[k]; {
+		switch old, ok := known[k]; {
 		case !ok:
-			p.OnServiceAdd(svc)
-		case !equality.Semantic.DeepEqual(old, svc):
-			p.OnServiceUpdate(old, svc)
+			add(o)
+		case !equality.Semantic.DeepEqual(old, o):
+			update(old, o)
 		default:
 			continue
 		}
-		services[k] = svc
+		known[k] = o
 	}
-	for k, old := range services {
+	for k, old := range known {
 		if !seen[k] {
-			p.OnServiceDelete(old)
-			delete(services, k)
-		}
-	}
-	clear(seen)
-	for _, sl := range objs.EndpointSlices {
-		k := sl.Namespace + "/" + sl.Name
-		seen[k] = true
-		switch old, ok := slices[k]; {
-		case !ok:
-			p.OnEndpointSliceAdd(sl)
-		case !equality.Semantic.DeepEqual(old, sl):
-			p.OnEndpointSliceUpdate(old, sl)
-		default:
-			continue
-		}
-		slices[k] = sl
-	}
-	for k, old := range slices {
-		if !seen[k] {
-			p.OnEndpointSliceDelete(old)
-			delete(slices, k)
-		}
-	}
-	clear(seen)
-	for _, n := range objs.Nodes {
-		seen[n.Name] = true
-		switch old, ok := nodes[n.Name]; {
-		case !ok:
-			p.OnNodeAdd(n)
-		case !equality.Semantic.DeepEqual(old, n):
-			p.OnNodeUpdate(old, n)
-		default:
-			continue
-		}
-		nodes[n.Name] = n
-	}
-	for k, old := range nodes {
-		if !seen[k] {
-			p.OnNodeDelete(old)
-			delete(nodes, k)
+			del(old)
+			delete(known, k)
 		}
 	}
 }

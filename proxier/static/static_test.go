@@ -7,12 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+	"github.com/proxykit/proxykit/internal/fakeproxier"
 )
 
 const manifest = `
@@ -94,45 +92,12 @@ spec:
 	}
 }
 
-// events records what a Proxier was told.
-type events struct {
-	mu  sync.Mutex
-	log []string
-}
-
-func (e *events) add(s string) { e.mu.Lock(); e.log = append(e.log, s); e.mu.Unlock() }
-func (e *events) take() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := e.log
-	e.log = nil
-	return out
-}
-
-func (e *events) OnServiceAdd(s *v1.Service)                            { e.add("svc+ " + s.Name) }
-func (e *events) OnServiceUpdate(_, s *v1.Service)                      { e.add("svc~ " + s.Name) }
-func (e *events) OnServiceDelete(s *v1.Service)                         { e.add("svc- " + s.Name) }
-func (e *events) OnServiceSynced()                                      { e.add("svc synced") }
-func (e *events) OnEndpointSliceAdd(s *discoveryv1.EndpointSlice)       { e.add("eps+ " + s.Name) }
-func (e *events) OnEndpointSliceUpdate(_, s *discoveryv1.EndpointSlice) { e.add("eps~ " + s.Name) }
-func (e *events) OnEndpointSliceDelete(s *discoveryv1.EndpointSlice)    { e.add("eps- " + s.Name) }
-func (e *events) OnEndpointSlicesSynced()                               { e.add("eps synced") }
-func (e *events) OnNodeAdd(n *v1.Node)                                  { e.add("node+ " + n.Name) }
-func (e *events) OnNodeUpdate(_, n *v1.Node)                            { e.add("node~ " + n.Name) }
-func (e *events) OnNodeDelete(n *v1.Node)                               { e.add("node- " + n.Name) }
-func (e *events) OnNodeSynced()                                         {}
-func (e *events) Sync()                                                 {}
-func (e *events) Flush(context.Context) error                           { return nil }
-func (e *events) Run(context.Context) error                             { return nil }
-func (e *events) Cleanup(context.Context) error                         { return nil }
-func (e *events) Close() error                                          { return nil }
-
 func TestSourceWatchDeliversDifferences(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "svc.yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ev := &events{}
+	ev := &fakeproxier.Events{}
 	src := &Source{Path: path, Watch: 10 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -143,7 +108,7 @@ func TestSourceWatchDeliversDifferences(t *testing.T) {
 		t.Helper()
 		var got []string
 		for range 200 {
-			got = append(got, ev.take()...)
+			got = append(got, ev.Take()...)
 			if len(got) >= len(want) {
 				break
 			}
@@ -155,7 +120,7 @@ func TestSourceWatchDeliversDifferences(t *testing.T) {
 			t.Fatalf("events = %v, want %v", got, want)
 		}
 	}
-	waitFor([]string{"svc+ web", "svc+ dns", "eps+ web-1", "svc synced", "eps synced"})
+	waitFor([]string{"svc+ web", "svc+ dns", "eps+ web-1", "svc synced", "eps synced", "node synced"})
 
 	// Change one endpoint, drop the dns service.
 	next := strings.Replace(manifest, "10.244.1.2", "10.244.1.3", 1)
