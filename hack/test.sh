@@ -10,8 +10,13 @@ if [ "$(id -u)" -ne 0 ]; then
 else
 	export PROXYKIT_REQUIRE_PRIVILEGED=1
 	missing=()
-	for tool in ip:iproute2 nft:nftables iptables:iptables conntrack:conntrack ipset:ipset; do
-		command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+	# clang-19/llvm-19/libbpf-dev: the eBPF backend's test that the
+	# committed objects match their C sources.
+	for tool in ip:iproute2 nft:nftables iptables:iptables conntrack:conntrack ipset:ipset \
+		clang-19:clang-19 llvm-strip-19:llvm-19 /usr/include/bpf/bpf_helpers.h:libbpf-dev /usr/include/linux/bpf.h:linux-libc-dev; do
+		t="${tool%%:*}"
+		if [ "${t#/}" != "$t" ]; then [ -e "$t" ] || missing+=("${tool#*:}"); continue; fi
+		command -v "$t" >/dev/null 2>&1 || missing+=("${tool#*:}")
 	done
 	if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
 		echo "hack/test.sh: installing ${missing[*]}" >&2

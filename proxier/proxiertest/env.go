@@ -76,6 +76,7 @@ func newEnv(t *testing.T, f Factory, opts Options, fam model.IPFamily, dual bool
 	e.log = slog.New(slog.NewTextHandler(&testWriter{t: t, done: &logDone}, &slog.HandlerOptions{Level: opts.LogLevel}))
 	t.Cleanup(e.teardown)
 	e.node = e.nodeObject()
+	registerPods(t, tn)
 	return e
 }
 

@@ -1,0 +1,251 @@
+package ebpf
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// testSvc is a service port with its targets.
+type testSvc struct {
+	sp *model.ServicePort
+	t  *proxier.Targets
+}
+
+func spName(name string, p model.Protocol) model.ServicePortName {
+	return model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: name}, Protocol: p}
+}
+
+func eps(ss ...netip.AddrPort) []*model.Endpoint {
+	var out []*model.Endpoint
+	for _, s := range ss {
+		out = append(out, &model.Endpoint{Addr: s, Ready: true, Serving: true})
+	}
+	return out
+}
+
+// svc is a cluster IP service port balancing to endpoints (none: no
+// endpoints at all).
+func svc(name string, p model.Protocol, ip netip.Addr, port uint16, endpoints ...netip.AddrPort) testSvc {
+	sp := &model.ServicePort{Name: spName(name, p), ClusterIP: ip, Port: port, Protocol: p}
+	e := eps(endpoints...)
+	return testSvc{sp: sp, t: &proxier.Targets{Internal: e, External: e, HasEndpoints: len(e) > 0}}
+}
+
+// request builds a sync request of family f holding svcs. changed names
+// the changed service ports of an incremental request; Full is set when
+// changed is nil.
+func request(f model.IPFamily, svcs []testSvc, changed []model.ServicePortName) *proxier.SyncRequest {
+	st := &model.State{Family: f, Services: map[model.ServicePortName]*model.ServicePort{}, Endpoints: map[model.ServicePortName][]*model.Endpoint{}}
+	req := &proxier.SyncRequest{State: st, Targets: map[model.ServicePortName]*proxier.Targets{}, Changed: map[model.ServicePortName]struct{}{}}
+	for _, s := range svcs {
+		st.Services[s.sp.Name] = s.sp
+		st.Endpoints[s.sp.Name] = s.t.Internal
+		req.Targets[s.sp.Name] = s.t
+	}
+	if changed == nil {
+		req.Full = true
+		for _, s := range svcs {
+			req.Changed[s.sp.Name] = struct{}{}
+		}
+	}
+	for _, n := range changed {
+		req.Changed[n] = struct{}{}
+	}
+	return req
+}
+
+func mustSync(tb testing.TB, b proxier.Backend, req *proxier.SyncRequest) {
+	tb.Helper()
+	if err := b.Sync(tb.Context(), req); err != nil {
+		tb.Fatalf("sync: %+v", err)
+	}
+}
+
+// cgroup2Mount returns where the cgroup v2 hierarchy is mounted.
+func cgroup2Mount() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// ... mount point (field 5) ... " - " fstype ...
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok || !strings.HasPrefix(post, "cgroup2 ") {
+			continue
+		}
+		if fs := strings.Fields(pre); len(fs) >= 5 {
+			return fs[4], nil
+		}
+	}
+	return "", errors.New("no cgroup2 file system mounted")
+}
+
+// ownCgroup returns the cgroup v2 directory of the process.
+func ownCgroup(mount string) (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return filepath.Join(mount, p), nil
+		}
+	}
+	return "", errors.New("process has no cgroup v2 membership")
+}
+
+// emptyCgroup creates a cgroup v2 directory of the test's own, with no
+// process in it, removed at the end: programs attached there run for
+// nobody, which is all a benchmark of map writes needs.
+func emptyCgroup(tb testing.TB) string {
+	tb.Helper()
+	testnet.RequireRoot(tb)
+	mount, err := cgroup2Mount()
+	if err != nil {
+		tb.Skipf("needs cgroup v2: %v", err)
+	}
+	var id [4]byte
+	rand.Read(id[:])
+	dir := filepath.Join(mount, "proxykit-ebpf-test-"+hex.EncodeToString(id[:]))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			tb.Errorf("remove cgroup: %v", err)
+		}
+	})
+	return dir
+}
+
+// newCgroup creates a cgroup v2 directory of the test's own and moves
+// the whole test process into it, so that the sockets of every client
+// the test runs (in any namespace) pass the programs attached there. At
+// the end the process moves back and the cgroup is removed. Tests that
+// call it must not run in parallel with each other.
+func newCgroup(tb testing.TB) string {
+	tb.Helper()
+	testnet.RequireRoot(tb)
+	mount, err := cgroup2Mount()
+	if err != nil {
+		tb.Skipf("needs cgroup v2: %v", err)
+	}
+	orig, err := ownCgroup(mount)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var id [4]byte
+	rand.Read(id[:])
+	dir := filepath.Join(mount, "proxykit-ebpf-test-"+hex.EncodeToString(id[:]))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
+		os.Remove(dir)
+		tb.Fatalf("move the test process into %s: %v", dir, err)
+	}
+	tb.Cleanup(func() {
+		if err := os.WriteFile(filepath.Join(orig, "cgroup.procs"), pid, 0); err != nil {
+			tb.Errorf("move the test process back to %s: %v", orig, err)
+			return
+		}
+		if err := os.Remove(dir); err != nil {
+			tb.Errorf("remove cgroup: %v", err)
+		}
+	})
+	return dir
+}
+
+// bpffs mounts a bpffs of the test's own and returns its directory.
+func bpffs(tb testing.TB) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		tb.Fatalf("mount bpffs: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			tb.Errorf("unmount bpffs: %v", err)
+		}
+	})
+	return dir
+}
+
+// attachedPrograms returns the ids of the programs attached to a cgroup,
+// over every hook the backend uses.
+func attachedPrograms(tb testing.TB, cgroup string) []ebpf.ProgramID {
+	tb.Helper()
+	f, err := os.Open(cgroup)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	var ids []ebpf.ProgramID
+	for _, h := range hooks() {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: h.attach})
+		if err != nil {
+			tb.Fatalf("query %s: %v", h.name, err)
+		}
+		for _, p := range res.Programs {
+			ids = append(ids, p.ID)
+		}
+	}
+	return ids
+}
+
+// pinned lists the files of a pin directory.
+func pinned(tb testing.TB, dir string) []string {
+	tb.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		// bpffs shows the kernel's own iterators as files.
+		if e.Name() != "maps.debug" && e.Name() != "progs.debug" {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// podPaths returns the namespace paths of node1's pods.
+func podPaths(tn *testnet.Topology) []string {
+	var out []string
+	for _, p := range tn.Node1.Pods {
+		out = append(out, p.Path())
+	}
+	return out
+}
+
+// vip returns a cluster IP of family f: 10.96.0.x or fd00:10:96::x.
+func vip(f model.IPFamily, x byte) netip.Addr {
+	if f == model.IPv6 {
+		return netip.AddrFrom16([16]byte{0: 0xfd, 3: 0x10, 5: 0x96, 15: x})
+	}
+	return netip.AddrFrom4([4]byte{10, 96, 0, x})
+}
+
+func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
+
+func fams() []model.IPFamily { return []model.IPFamily{model.IPv4, model.IPv6} }

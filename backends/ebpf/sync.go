@@ -1,0 +1,669 @@
+package ebpf
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// backend programs one IP family: its frontend, slot and node address
+// maps, and the composed nftables table of the family.
+type backend struct {
+	cfg    Config
+	family model.IPFamily
+	dp     *dataplane
+	codec  codec
+	svcMap *ebpf.Map
+	beMap  *ebpf.Map
+	// nodeMap holds the node addresses node ports open on.
+	nodeMap *ebpf.Map
+	ns      *netns.NS
+	nl      *netlink.Handle
+	nft     proxier.Backend // nil with SocketOnly
+	log     *slog.Logger
+	ids     idAllocator
+	// st is what the maps hold as of the last successful sync; nil when
+	// unknown (before the first sync, after a failure or Cleanup).
+	st *state
+}
+
+var _ proxier.Backend = (*backend)(nil)
+
+// Name returns "ebpf".
+func (b *backend) Name() string { return "ebpf" }
+
+// Family returns the backend's IP family.
+func (b *backend) Family() model.IPFamily { return b.family }
+
+// state is the programmed state, kept in memory so that an incremental
+// sync never reads the kernel.
+type state struct {
+	svcs map[model.ServicePortName]*svcState
+	// owners maps each frontend to the service port holding it.
+	owners map[feKey]model.ServicePortName
+	// groups are the endpoint groups by id.
+	groups map[uint32]*group
+	// nodes are the node addresses in the node address map.
+	nodes  map[netip.Addr]bool
+	nfes   int
+	nslots int
+}
+
+func newState() *state {
+	return &state{
+		svcs:   map[model.ServicePortName]*svcState{},
+		owners: map[feKey]model.ServicePortName{},
+		groups: map[uint32]*group{},
+		nodes:  map[netip.Addr]bool{},
+	}
+}
+
+// admit adds s as name's state, unless one of its frontends belongs to
+// another service port or a map would overflow.
+func (st *state) admit(name model.ServicePortName, s *svcState, cfg *Config, fam model.IPFamily) error {
+	for _, e := range s.fes {
+		if o, ok := st.owners[e.key]; ok && o != name {
+			return fmt.Errorf("%s is already used by %s", e.key, o)
+		}
+	}
+	svcMap, beMap := mapSvc4, mapBe4
+	if fam == model.IPv6 {
+		svcMap, beMap = mapSvc6, mapBe6
+	}
+	if st.nfes+len(s.fes) > cfg.MaxServices {
+		return &MapFullError{Map: svcMap, Field: "MaxServices", Size: cfg.MaxServices}
+	}
+	if st.nslots+s.slots() > cfg.MaxBackends {
+		return &MapFullError{Map: beMap, Field: "MaxBackends", Size: cfg.MaxBackends}
+	}
+	for _, e := range s.fes {
+		st.owners[e.key] = name
+	}
+	for _, g := range s.groups {
+		if g != nil {
+			st.groups[g.id] = g
+		}
+	}
+	st.svcs[name] = s
+	st.nfes += len(s.fes)
+	st.nslots += s.slots()
+	return nil
+}
+
+// release removes name's state.
+func (st *state) release(name model.ServicePortName) {
+	s := st.svcs[name]
+	if s == nil {
+		return
+	}
+	for _, e := range s.fes {
+		if st.owners[e.key] == name {
+			delete(st.owners, e.key)
+		}
+	}
+	for _, g := range s.groups {
+		if g != nil {
+			delete(st.groups, g.id)
+		}
+	}
+	st.nfes -= len(s.fes)
+	st.nslots -= s.slots()
+	delete(st.svcs, name)
+}
+
+// Sync makes the maps (and the nftables table) match req.
+func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if b.dp == nil {
+		return errClosed
+	}
+	if req == nil || req.State == nil {
+		return errors.New("ebpf: sync request without state")
+	}
+	if req.State.Family != 0 && req.State.Family != b.family {
+		return fmt.Errorf("ebpf: %s backend got %s state", b.family, req.State.Family)
+	}
+	var objErrs []error
+	if b.nft != nil {
+		if err := b.nft.Sync(ctx, req); err != nil {
+			if !onlyObjectErrors(err) {
+				return fmt.Errorf("ebpf: north-south rules: %w", err)
+			}
+			objErrs = append(objErrs, err)
+		}
+	}
+	var err error
+	if req.Full || b.st == nil {
+		err = b.syncFull(req)
+	} else {
+		err = b.syncIncremental(req)
+	}
+	if err != nil && !onlyObjectErrors(err) {
+		b.st = nil
+		return err
+	}
+	objErrs = append(objErrs, err)
+	if err := b.dp.markSynced(b.family); err != nil {
+		return err
+	}
+	return errors.Join(objErrs...)
+}
+
+// ops are the map writes of a sync, applied in an order that never lets
+// a frontend point at a slot that is not (yet or any more) there.
+type ops struct {
+	putBeK   []beKey
+	putBeV   []netip.AddrPort
+	putSvcK  []feKey
+	putSvcV  []svcVal
+	delSvc   []feKey
+	delBe    []beKey
+	putNodes []netip.Addr
+	delNodes []netip.Addr
+}
+
+func (o *ops) empty() bool {
+	return len(o.putBeK)+len(o.putSvcK)+len(o.delSvc)+len(o.delBe)+len(o.putNodes)+len(o.delNodes) == 0
+}
+
+// apply writes o: new slots first, then frontends (pointing at them),
+// then removed frontends, then the slots no frontend counts any more.
+// Node addresses are added before and removed after everything else.
+func (b *backend) apply(o *ops) error {
+	steps := []func() error{
+		func() error { return b.codec.putNode(b.nodeMap, o.putNodes) },
+		func() error { return b.codec.putBe(b.beMap, o.putBeK, o.putBeV) },
+		func() error { return b.codec.putSvc(b.svcMap, o.putSvcK, o.putSvcV) },
+		func() error { return b.codec.delSvc(b.svcMap, o.delSvc) },
+		func() error { return delBe(b.beMap, o.delBe) },
+		func() error { return b.codec.delNode(b.nodeMap, o.delNodes) },
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return fmt.Errorf("ebpf: %w", err)
+		}
+	}
+	return nil
+}
+
+// syncFull converges the maps to req: it reads what they hold, renders
+// the whole state (keeping the group ids and slot layouts of the state in
+// memory, or, after a restart, those found in the maps) and writes the
+// difference.
+func (b *backend) syncFull(req *proxier.SyncRequest) error {
+	start := time.Now()
+	if err := b.dp.syncNetNS(); err != nil {
+		return err
+	}
+	k, err := b.readKernel(b.st == nil)
+	if err != nil {
+		return err
+	}
+	if b.st == nil {
+		b.ids.next = max(b.ids.next, maxID(k.svc, k.be)+1)
+	}
+	nodes, err := b.nodeAddrs()
+	if err != nil {
+		return err
+	}
+	read := time.Now()
+	st, objErrs := b.renderAll(req, k)
+	o, err := b.fullOps(st, k, nodes)
+	if err != nil {
+		return err
+	}
+	stale := b.fullStale(st, k, nodes)
+	rendered := time.Now()
+	if err := b.apply(o); err != nil {
+		return err
+	}
+	b.st = st
+	b.log.Info("full sync", "services", len(st.svcs), "frontends", st.nfes, "slots", st.nslots,
+		"written", len(o.putBeK)+len(o.putSvcK), "deleted", len(o.delBe)+len(o.delSvc),
+		"read", read.Sub(start), "render", rendered.Sub(read), "write", time.Since(rendered))
+	b.destroyStale(stale)
+	return joinObjectErrors(objErrs)
+}
+
+// kernelState is what a full sync reads from the maps.
+type kernelState struct {
+	svc   map[feKey]svcVal
+	nodes map[netip.Addr]bool
+	// be and groups hold the slots, read only without a state in
+	// memory (to recover group ids and layouts); otherwise the slots
+	// are compared as they stream in.
+	be     map[beKey]netip.AddrPort
+	groups map[uint32][]netip.AddrPort
+}
+
+func (b *backend) readKernel(withSlots bool) (*kernelState, error) {
+	var k kernelState
+	var err error
+	if k.svc, err = b.codec.readSvc(b.svcMap); err != nil {
+		return nil, fmt.Errorf("ebpf: %w", err)
+	}
+	if k.nodes, err = b.codec.readNode(b.nodeMap); err != nil {
+		return nil, fmt.Errorf("ebpf: %w", err)
+	}
+	if withSlots {
+		if k.be, err = b.codec.readBe(b.beMap); err != nil {
+			return nil, fmt.Errorf("ebpf: %w", err)
+		}
+		k.groups = groupsOf(k.be)
+	}
+	return &k, nil
+}
+
+// renderAll renders every service port of req into a new state. Service
+// ports that cannot be programmed are left out, with their errors.
+func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, map[model.ServicePortName]error) {
+	old := b.st
+	st := newState()
+	errs := map[model.ServicePortName]error{}
+	claimed := map[uint32]bool{}
+	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), compareNames) {
+		sp := req.State.Services[name]
+		var prev *svcState
+		if old != nil {
+			prev = old.svcs[name]
+		} else {
+			prev = recoverState(b.family, sp, k.svc, k.groups, claimed)
+		}
+		s, err := render(b.family, sp, req.Targets[name], prev, &b.ids)
+		if err == nil {
+			err = st.admit(name, s, &b.cfg, b.family)
+		}
+		if err != nil {
+			errs[name] = err
+			continue
+		}
+		for _, g := range s.groups {
+			if g != nil {
+				claimed[g.id] = true
+			}
+		}
+	}
+	return st, errs
+}
+
+// fullOps returns the writes that turn the maps' contents k into st, and
+// records the node addresses in st.
+func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, error) {
+	o := &ops{}
+	for _, s := range st.svcs {
+		for _, e := range s.fes {
+			if h, ok := k.svc[e.key]; !ok || h != e.val {
+				o.putSvcK, o.putSvcV = append(o.putSvcK, e.key), append(o.putSvcV, e.val)
+			}
+		}
+	}
+	for key := range k.svc {
+		if _, ok := st.owners[key]; !ok {
+			o.delSvc = append(o.delSvc, key)
+		}
+	}
+	// A slot is wanted when its group is and it is below the group's
+	// count; a wanted slot missing from the maps shows in the group's
+	// found count, and the whole group is written again.
+	for _, g := range st.groups {
+		g.found = 0
+	}
+	checkSlot := func(key beKey, v netip.AddrPort) {
+		g := st.groups[key.ID]
+		if g == nil || int(key.Slot) >= len(g.eps) {
+			o.delBe = append(o.delBe, key)
+			return
+		}
+		g.found++
+		if g.eps[key.Slot] != v {
+			o.putBeK, o.putBeV = append(o.putBeK, key), append(o.putBeV, g.eps[key.Slot])
+		}
+	}
+	if k.be != nil {
+		for key, v := range k.be {
+			checkSlot(key, v)
+		}
+	} else if err := b.codec.scanBe(b.beMap, checkSlot); err != nil {
+		return nil, fmt.Errorf("ebpf: %w", err)
+	}
+	for _, g := range st.groups {
+		if g.found < len(g.eps) {
+			for i, ep := range g.eps {
+				o.putBeK, o.putBeV = append(o.putBeK, beKey{ID: g.id, Slot: uint32(i)}), append(o.putBeV, ep)
+			}
+		}
+	}
+	o.putNodes, o.delNodes = diffNodes(k.nodes, nodes)
+	for _, a := range nodes {
+		st.nodes[a] = true
+	}
+	return o, nil
+}
+
+// fullStale returns the (endpoint, service) pairs of UDP frontends that
+// st drops: compared with the previous state, or after a restart with
+// what the maps held.
+func (b *backend) fullStale(st *state, k *kernelState, nodes []netip.Addr) []staleKey {
+	if b.dp.destroy == nil {
+		return nil
+	}
+	before := map[staleKey]bool{}
+	if old := b.st; old != nil {
+		for _, s := range old.svcs {
+			udpPairs(s, keys(old.nodes), before)
+		}
+	} else {
+		before = kernelPairs(k.svc, k.groups, keys(k.nodes))
+	}
+	after := map[staleKey]bool{}
+	for _, s := range st.svcs {
+		udpPairs(s, nodes, after)
+	}
+	return minus(before, after)
+}
+
+// syncIncremental writes the difference of the changed service ports,
+// computed from the state in memory: the maps are not read.
+func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
+	st := b.st
+	names := slices.SortedFunc(maps.Keys(req.Changed), compareNames)
+	old := map[model.ServicePortName]*svcState{}
+	for _, name := range names {
+		if s := st.svcs[name]; s != nil {
+			old[name] = s
+			st.release(name)
+		}
+	}
+	nodes, err := b.nodeAddrs()
+	if err != nil {
+		return err
+	}
+	objErrs := map[model.ServicePortName]error{}
+	o := &ops{}
+	putSvc := map[feKey]bool{}
+	var stale []staleKey
+	for _, name := range names {
+		var s *svcState
+		if sp, ok := req.State.Services[name]; ok {
+			var err error
+			s, err = render(b.family, sp, req.Targets[name], old[name], &b.ids)
+			if err == nil {
+				err = st.admit(name, s, &b.cfg, b.family)
+			}
+			if err != nil {
+				objErrs[name] = err
+				s = nil
+			}
+		}
+		diffService(o, old[name], s, putSvc)
+		if b.dp.destroy != nil && old[name] != nil {
+			before, after := map[staleKey]bool{}, map[staleKey]bool{}
+			udpPairs(old[name], keys(st.nodes), before)
+			if s != nil {
+				udpPairs(s, nodes, after)
+			}
+			stale = append(stale, minus(before, after)...)
+		}
+	}
+	// A frontend moved from one service port to another is written by
+	// the new owner, not deleted.
+	o.delSvc = slices.DeleteFunc(o.delSvc, func(k feKey) bool { return putSvc[k] })
+	o.putNodes, o.delNodes = diffNodes(st.nodes, nodes)
+	if !o.empty() {
+		if err := b.apply(o); err != nil {
+			return err
+		}
+	}
+	clear(st.nodes)
+	for _, a := range nodes {
+		st.nodes[a] = true
+	}
+	b.destroyStale(stale)
+	return joinObjectErrors(objErrs)
+}
+
+// diffService adds to o what turns old into s (either may be nil), and
+// records the frontends it writes in putSvc.
+func diffService(o *ops, old, s *svcState, putSvc map[feKey]bool) {
+	var oldK, newK []beKey
+	var oldV, newV []netip.AddrPort
+	if old != nil {
+		oldK, oldV = old.backends(nil, nil)
+	}
+	if s != nil {
+		newK, newV = s.backends(nil, nil)
+	}
+	oldBe := make(map[beKey]netip.AddrPort, len(oldK))
+	for i, k := range oldK {
+		oldBe[k] = oldV[i]
+	}
+	newBe := make(map[beKey]bool, len(newK))
+	for i, k := range newK {
+		newBe[k] = true
+		if v, ok := oldBe[k]; !ok || v != newV[i] {
+			o.putBeK, o.putBeV = append(o.putBeK, k), append(o.putBeV, newV[i])
+		}
+	}
+	for _, k := range oldK {
+		if !newBe[k] {
+			o.delBe = append(o.delBe, k)
+		}
+	}
+	if s != nil {
+		for _, e := range s.fes {
+			if old == nil {
+				o.putSvcK, o.putSvcV = append(o.putSvcK, e.key), append(o.putSvcV, e.val)
+			} else if ov, ok := old.fe(e.key); !ok || ov != e.val {
+				o.putSvcK, o.putSvcV = append(o.putSvcK, e.key), append(o.putSvcV, e.val)
+			}
+			putSvc[e.key] = true
+		}
+	}
+	if old != nil {
+		for _, e := range old.fes {
+			if s == nil {
+				o.delSvc = append(o.delSvc, e.key)
+			} else if _, ok := s.fe(e.key); !ok {
+				o.delSvc = append(o.delSvc, e.key)
+			}
+		}
+	}
+}
+
+// destroyStale destroys connected UDP sockets translated to endpoints
+// that left their service. A failure is logged: the sockets then keep
+// their endpoint, as without the kernel support.
+func (b *backend) destroyStale(stale []staleKey) {
+	if len(stale) == 0 {
+		return
+	}
+	if err := b.dp.destroyStale(stale); err != nil {
+		b.log.Warn("destroying UDP sockets of removed endpoints failed", "err", err)
+		return
+	}
+	b.log.Debug("destroyed UDP sockets of removed endpoints", "pairs", len(stale))
+}
+
+// recoverState rebuilds the previous state of sp from the maps, after a
+// restart: the groups its frontends point at, unless another service
+// port claimed them already.
+func recoverState(f model.IPFamily, sp *model.ServicePort, have map[feKey]svcVal, groups map[uint32][]netip.AddrPort, claimed map[uint32]bool) *svcState {
+	fes := frontends(f, sp)
+	if len(fes) == 0 {
+		return nil
+	}
+	s := &svcState{}
+	found := false
+	for role := range s.groups {
+		for _, fe := range fes {
+			if fe.external != (role == 1) && !(role == 0 && fe == fes[0]) {
+				continue
+			}
+			v, ok := have[fe.key]
+			if !ok || claimed[v.ID] {
+				continue
+			}
+			eps := groups[v.ID]
+			s.groups[role] = &group{id: v.ID, eps: eps[:min(len(eps), int(v.Count))]}
+			found = true
+			break
+		}
+	}
+	if s.groups[0] != nil && s.groups[1] != nil && s.groups[0].id == s.groups[1].id {
+		s.groups[1] = nil
+	}
+	if !found {
+		return nil
+	}
+	return s
+}
+
+// groupsOf returns the slots of every group in have, in slot order, up to
+// the first missing slot.
+func groupsOf(have map[beKey]netip.AddrPort) map[uint32][]netip.AddrPort {
+	count := map[uint32]int{}
+	for k := range have {
+		count[k.ID]++
+	}
+	out := make(map[uint32][]netip.AddrPort, len(count))
+	for id, n := range count {
+		var eps []netip.AddrPort
+		for i := range n {
+			ep, ok := have[beKey{ID: id, Slot: uint32(i)}]
+			if !ok {
+				break
+			}
+			eps = append(eps, ep)
+		}
+		out[id] = eps
+	}
+	return out
+}
+
+func maxID(svc map[feKey]svcVal, be map[beKey]netip.AddrPort) uint32 {
+	var m uint32
+	for _, v := range svc {
+		m = max(m, v.ID)
+	}
+	for k := range be {
+		m = max(m, k.ID)
+	}
+	return m
+}
+
+// udpPairs adds the (endpoint, frontend) pairs of s's UDP frontends to
+// out; a node port counts on every node address.
+func udpPairs(s *svcState, nodes []netip.Addr, out map[staleKey]bool) {
+	for _, e := range s.fes {
+		if e.key.proto != protoNumber(model.UDP) {
+			continue
+		}
+		for _, g := range s.groups {
+			if g != nil && g.id == e.val.ID {
+				addPairs(e.key, g.eps, nodes, out)
+			}
+		}
+	}
+}
+
+func addPairs(k feKey, eps []netip.AddrPort, nodes []netip.Addr, out map[staleKey]bool) {
+	if k.proto != protoNumber(model.UDP) {
+		return
+	}
+	addrs := []netip.Addr{k.addr}
+	if k.addr.IsUnspecified() {
+		addrs = nodes
+	}
+	for _, a := range addrs {
+		for _, ep := range eps {
+			out[staleKey{BeAddr: mapped16(ep.Addr()), BePort: be16(ep.Port()), SvcAddr: mapped16(a), SvcPort: be16(k.port)}] = true
+		}
+	}
+}
+
+// kernelPairs returns the UDP pairs the maps hold.
+func kernelPairs(svc map[feKey]svcVal, groups map[uint32][]netip.AddrPort, nodes []netip.Addr) map[staleKey]bool {
+	out := map[staleKey]bool{}
+	for k, v := range svc {
+		eps := groups[v.ID]
+		addPairs(k, eps[:min(len(eps), int(v.Count))], nodes, out)
+	}
+	return out
+}
+
+func minus(a, b map[staleKey]bool) []staleKey {
+	var out []staleKey
+	for k := range a {
+		if !b[k] {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func keys(m map[netip.Addr]bool) []netip.Addr { return slices.Collect(maps.Keys(m)) }
+
+func diffNodes(have map[netip.Addr]bool, want []netip.Addr) (add, del []netip.Addr) {
+	w := map[netip.Addr]bool{}
+	for _, a := range want {
+		w[a] = true
+		if !have[a] {
+			add = append(add, a)
+		}
+	}
+	for a := range have {
+		if !w[a] {
+			del = append(del, a)
+		}
+	}
+	return add, del
+}
+
+// onlyObjectErrors reports whether err consists of ObjectErrors only.
+func onlyObjectErrors(err error) bool {
+	if err == nil {
+		return true
+	}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if !onlyObjectErrors(e) {
+				return false
+			}
+		}
+		return true
+	}
+	var oe *proxier.ObjectError
+	return errors.As(err, &oe) && err == error(oe)
+}
+
+func joinObjectErrors(m map[model.ServicePortName]error) error {
+	var errs []error
+	for _, n := range slices.SortedFunc(maps.Keys(m), compareNames) {
+		errs = append(errs, &proxier.ObjectError{Service: n, Err: m[n]})
+	}
+	return errors.Join(errs...)
+}
+
+func compareNames(a, b model.ServicePortName) int {
+	return cmp.Or(
+		cmp.Compare(a.Namespace, b.Namespace),
+		cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port),
+		cmp.Compare(a.Protocol, b.Protocol),
+	)
+}
