@@ -50,6 +50,19 @@ func CleanupAll(ctx context.Context, cfg proxier.Config, keep string) error {
 	cfg.NoConntrackCleanup = true
 	cfg.NoServiceHealthChecks = true
 	var errs []error
+	// The eBPF backend's north-south rules live in an nftables table of
+	// their own; its cgroup programs and pins are where its caller put
+	// them, and its own Cleanup (with that Config) removes them.
+	if keep != "ebpf" {
+		if p, err := nftables.New(nftables.Config{Config: cfg, TableName: "proxykit-ebpf"}); err == nil {
+			if err := p.Cleanup(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("ebpf's nftables table: %w", err))
+			}
+			p.Close()
+		} else if !errors.Is(err, proxier.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("ebpf's nftables table: %w", err))
+		}
+	}
 	for _, name := range Names() {
 		if name == keep {
 			continue
