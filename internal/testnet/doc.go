@@ -5,7 +5,7 @@
 //
 // # Topology
 //
-// [New] builds, for one test:
+// [New] builds, for one test ([Build] for a program):
 //
 //	client  198.51.100.2 / 2001:db8:1::2       outside the cluster
 //	   |  eth0 <-> client
@@ -63,8 +63,13 @@
 // thread of the process still lives in one of the topology's namespaces
 // (which would keep it alive).
 //
+// Programs that are not tests (the examples' sandboxes) call [Build]
+// instead of [New] and tear the topology down themselves with
+// [Topology.Close], or leave the namespaces behind for inspection with
+// [Topology.Detach] and remove them later with [RemoveNamespaces].
+//
 // Tests that need root call [RequireRoot]; without privilege they skip,
 // unless CI=true or PROXYKIT_REQUIRE_PRIVILEGED=1 is set, in which case
 // they fail. This package is test support: unlike library code it reads
-// those environment variables.
+// those environment variables (in RequireRoot and RequireCommand only).
 package testnet

@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,6 +26,10 @@ const (
 	capNetAdmin = 12
 	capSysAdmin = 21
 )
+
+// ErrNotPrivileged is matched by the error of [Build] when the process may
+// not create and configure network namespaces.
+var ErrNotPrivileged = errors.New("not privileged to create network namespaces (run as root)")
 
 // Mandatory reports whether privileged tests must run: CI=true or
 // PROXYKIT_REQUIRE_PRIVILEGED=1.

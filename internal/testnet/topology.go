@@ -154,7 +154,6 @@ type Topology struct {
 	// Pods are all pods, node1's first.
 	Pods []*Pod
 
-	tb      testing.TB
 	nss     []*NS
 	handles map[*NS]*netlink.Handle
 
@@ -167,10 +166,33 @@ type Topology struct {
 
 // New builds a topology and registers its teardown with tb.Cleanup. It
 // calls [RequireRoot] first and fails the test if the topology cannot be
-// built.
+// built. Outside tests, use [Build].
 func New(tb testing.TB, opts Options) *Topology {
 	tb.Helper()
 	RequireRoot(tb)
+	start := time.Now()
+	t, err := Build(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := t.Close(); err != nil {
+			tb.Errorf("testnet teardown: %v", err)
+		}
+	})
+	tb.Logf("testnet: topology pk-%s (%d namespaces) built in %v", t.ID, len(t.nss), time.Since(start).Round(time.Millisecond))
+	return t
+}
+
+// Build builds a topology for a program that is not a test, such as a
+// demo. The caller must call [Topology.Close] (or [Topology.Detach]) when
+// done, also after a failure elsewhere; Build itself removes whatever it
+// created when it fails. Without the privilege to create namespaces it
+// fails with an error matching [ErrNotPrivileged].
+func Build(opts Options) (*Topology, error) {
+	if err := checkPrivilege(); err != nil {
+		return nil, fmt.Errorf("testnet: %w: %v", ErrNotPrivileged, err)
+	}
 	if opts.Node1Pods == 0 {
 		opts.Node1Pods = 3
 	}
@@ -178,27 +200,30 @@ func New(tb testing.TB, opts Options) *Topology {
 		opts.Node2Pods = 2
 	}
 	if opts.Node1Pods < 0 || opts.Node1Pods > 200 || opts.Node2Pods < 0 || opts.Node2Pods > 200 {
-		tb.Fatalf("testnet: invalid pod counts %d, %d", opts.Node1Pods, opts.Node2Pods)
+		return nil, fmt.Errorf("testnet: invalid pod counts %d, %d", opts.Node1Pods, opts.Node2Pods)
 	}
 	var id [4]byte
 	rand.Read(id[:])
 	t := &Topology{
 		ID:          hex.EncodeToString(id[:]),
-		tb:          tb,
 		handles:     map[*NS]*netlink.Handle{},
 		sctpWaiters: map[uint32]chan Reply{},
 	}
-	tb.Cleanup(func() {
-		if err := t.Close(); err != nil {
-			tb.Errorf("testnet teardown: %v", err)
+	defer func() {
+		// A panic while building leaves nothing behind either.
+		if r := recover(); r != nil {
+			t.Close()
+			panic(r)
 		}
-	})
-	start := time.Now()
+	}()
 	if err := t.build(opts); err != nil {
-		tb.Fatalf("testnet: build topology pk-%s: %v", t.ID, err)
+		err = fmt.Errorf("testnet: build topology pk-%s: %w", t.ID, err)
+		if cerr := t.Close(); cerr != nil {
+			err = fmt.Errorf("%w; teardown: %v", err, cerr)
+		}
+		return nil, err
 	}
-	tb.Logf("testnet: topology pk-%s (%d namespaces) built in %v", t.ID, len(t.nss), time.Since(start).Round(time.Millisecond))
-	return t
+	return t, nil
 }
 
 // Namespaces returns every namespace of the topology.
@@ -220,11 +245,45 @@ func (t *Topology) Pod(name string) *Pod {
 // still lives in one of them. It returns what went wrong, leaks included.
 // Close is idempotent; New registers it with t.Cleanup.
 func (t *Topology) Close() error {
-	t.closeOnce.Do(func() { t.closeErr = t.close() })
+	t.closeOnce.Do(func() { t.closeErr = t.close(false) })
 	return t.closeErr
 }
 
-func (t *Topology) close() error {
+// Detach is [Topology.Close] without removing the namespaces: it closes
+// the client sockets, stops the servers and releases the process's
+// handles, and leaves every namespace, with its interfaces, addresses,
+// routes and whatever a proxier programmed, mounted under [NetNSDir] for
+// inspection (`ip netns exec pk-ID-node1 nft list ruleset`). Nothing
+// answers in the pods any more. [RemoveNamespaces] removes them later.
+// Close and Detach are idempotent and only the first call of either acts.
+func (t *Topology) Detach() error {
+	t.closeOnce.Do(func() { t.closeErr = t.close(true) })
+	return t.closeErr
+}
+
+// RemoveNamespaces removes the namespaces of the topology with the given
+// ID, as left by [Topology.Detach]. It returns the names it removed.
+func RemoveNamespaces(id string) ([]string, error) {
+	if id == "" || strings.ContainsAny(id, "/*?[") {
+		return nil, fmt.Errorf("testnet: invalid topology ID %q", id)
+	}
+	m, err := filepath.Glob(filepath.Join(NetNSDir, "pk-"+id+"-*"))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	var errs []error
+	for _, p := range m {
+		if err := removeNS(p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		names = append(names, filepath.Base(p))
+	}
+	return names, errors.Join(errs...)
+}
+
+func (t *Topology) close(keep bool) error {
 	var errs []error
 	for _, ns := range t.nss {
 		ns.closeTracked()
@@ -238,6 +297,14 @@ func (t *Topology) close() error {
 	}
 	for _, h := range t.handles {
 		h.Close()
+	}
+	if keep {
+		for _, ns := range t.nss {
+			if err := ns.ns.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
 	}
 	inos := map[uint64]string{}
 	for _, ns := range t.nss {
