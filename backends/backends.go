@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/proxykit/proxykit/backends/iptables"
 	"github.com/proxykit/proxykit/backends/nftables"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -19,6 +20,9 @@ type Constructor func(cfg proxier.Config) (proxier.Proxier, error)
 var registry = map[string]Constructor{
 	"nftables": func(cfg proxier.Config) (proxier.Proxier, error) {
 		return nftables.New(nftables.Config{Config: cfg})
+	},
+	"iptables": func(cfg proxier.Config) (proxier.Proxier, error) {
+		return iptables.New(iptables.Config{Config: cfg})
 	},
 }
 

@@ -1,0 +1,477 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxykit/proxykit/internal/iptables"
+	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// These tests program a real kernel in namespaces of testnet topologies
+// and send real traffic through them. They cover what the conformance
+// suite does not: flavours, the canary, refused rules, clean-up beside
+// other programs' rules in the same built-in chains. They need root.
+
+const probeTimeout = 2 * time.Second
+
+// kernelEnv is a topology with helpers for its node namespace.
+type kernelEnv struct {
+	t  *testing.T
+	tn *testnet.Topology
+}
+
+func newKernelEnv(t *testing.T, needs ...string) *kernelEnv {
+	t.Helper()
+	testnet.RequireRoot(t)
+	for _, c := range append([]string{"iptables-nft-restore", "ip6tables-nft-restore", "nft"}, needs...) {
+		testnet.RequireCommand(t, c)
+	}
+	return &kernelEnv{t: t, tn: testnet.New(t, testnet.Options{Node1Pods: 2, Node2Pods: 1})}
+}
+
+// backend returns a backend of family f in node1, closed at the end.
+func (e *kernelEnv) backend(f model.IPFamily, cfg Config) *backend {
+	e.t.Helper()
+	cfg.NetNS = e.tn.Node1.Path()
+	b, err := NewBackend(cfg, f)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { b.Close() })
+	return b.(*backend)
+}
+
+// exec runs a program in node1.
+func (e *kernelEnv) exec(args ...string) string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := e.tn.Node1.Exec(ctx, args[0], args[1:]...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+var counters = regexp.MustCompile(`\[\d+:\d+\]|counter packets \d+ bytes \d+`)
+
+// rules returns the rules (and chains) of a *-save output that contain
+// none of skip, with counters and comments removed.
+func rules(save string, skip ...string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(save, "\n") {
+		if strings.HasPrefix(l, "#") || l == "" {
+			continue
+		}
+		keep := true
+		for _, s := range skip {
+			if strings.Contains(l, s) {
+				keep = false
+			}
+		}
+		if keep {
+			b.WriteString(counters.ReplaceAllString(l, "") + "\n")
+		}
+	}
+	return b.String()
+}
+
+func (e *kernelEnv) pod(n, i int) *testnet.Pod {
+	if n == 2 {
+		return e.tn.Node2.Pods[i-1]
+	}
+	return e.tn.Node1.Pods[i-1]
+}
+
+// svc is a TCP service port on cluster IP ip:80 with endpoints on port
+// 8080 of pods.
+func (e *kernelEnv) svc(f model.IPFamily, name, ip string, pods ...*testnet.Pod) testSvc {
+	var eps []string
+	for _, p := range pods {
+		eps = append(eps, netip.AddrPortFrom(p.IP(f), 8080).String())
+	}
+	return clusterSvc(name, model.TCP, ip, 80, eps...)
+}
+
+// answers probes addr from a host and returns the pod that answered, or
+// fails the test.
+func (e *kernelEnv) answers(from *testnet.Host, addr string) string {
+	e.t.Helper()
+	r := from.TCP(netip.MustParseAddrPort(addr), probeTimeout)
+	if r.Outcome != testnet.Answered {
+		e.t.Fatalf("%s -> %s: %v", from.Name, addr, r)
+	}
+	return r.Server
+}
+
+func mustSync(tb testing.TB, b *backend, req *proxier.SyncRequest) {
+	tb.Helper()
+	if err := b.Sync(tb.Context(), req); err != nil {
+		tb.Fatalf("sync: %+v", err)
+	}
+}
+
+func TestKernelFlavourDetection(t *testing.T) {
+	e := newKernelEnv(t, "iptables-legacy-restore", "iptables-legacy")
+	node := &e.tn.Node1.Host
+	if b := e.backend(model.IPv4, Config{}); b.run.Tools().Flavour != iptables.NFT {
+		t.Fatalf("empty namespace: %s, want nft", b.run.Tools().Flavour)
+	}
+	// Another program's rule in the legacy tables: legacy is in use.
+	e.exec("iptables-legacy", "-w", "-A", "INPUT", "-s", "192.0.2.99/32", "-j", "ACCEPT")
+	b := e.backend(model.IPv4, Config{})
+	if b.run.Tools().Flavour != iptables.Legacy {
+		t.Fatalf("with a legacy rule: %s, want legacy", b.run.Tools().Flavour)
+	}
+	p11 := e.pod(1, 1)
+	mustSync(t, b, request(model.IPv4, []testSvc{e.svc(model.IPv4, "web", "10.96.0.10", p11)}, nil))
+	if got := e.answers(node, "10.96.0.10:80"); got != p11.Name {
+		t.Fatalf("legacy flavour: answered by %s", got)
+	}
+	if !strings.Contains(e.exec("iptables-legacy-save"), ":PROXYKIT-SERVICES") || strings.Contains(e.exec("iptables-nft-save"), "PROXYKIT") {
+		t.Fatal("rules not in the legacy tables only")
+	}
+	// Our chains are a stronger hint than rule counts: with more rules in
+	// nft, the legacy chains of ours still win.
+	for i := range 3 {
+		e.exec("iptables-nft", "-w", "-A", "INPUT", "-s", fmt.Sprintf("192.0.2.%d/32", 100+i), "-j", "ACCEPT")
+	}
+	if b2 := e.backend(model.IPv4, Config{}); b2.run.Tools().Flavour != iptables.Legacy {
+		t.Fatalf("with our chains in legacy: %s", b2.run.Tools().Flavour)
+	}
+	if err := b.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.exec("iptables-legacy-save"); strings.Contains(out, "PROXYKIT") || !strings.Contains(out, "-A INPUT -s 192.0.2.99/32 -j ACCEPT") {
+		t.Fatalf("after Cleanup:\n%s", out)
+	}
+	// An explicit mode overrides detection.
+	if b := e.backend(model.IPv4, Config{Mode: ModeNFT}); b.run.Tools().Flavour != iptables.NFT {
+		t.Fatalf("ModeNFT: %s", b.run.Tools().Flavour)
+	}
+}
+
+func TestKernelLegacy(t *testing.T) {
+	e := newKernelEnv(t, "iptables-legacy-restore", "ip6tables-legacy-restore")
+	for _, f := range []model.IPFamily{model.IPv4, model.IPv6} {
+		t.Run(f.String(), func(t *testing.T) {
+			b := e.backend(f, Config{Mode: ModeLegacy})
+			p11, p21 := e.pod(1, 1), e.pod(2, 1)
+			ip, lb, empty := "10.96.1.10", "203.0.113.7", "10.96.1.11"
+			wrap := func(a string, port int) string { return fmt.Sprintf("%s:%d", a, port) }
+			if f == model.IPv6 {
+				ip, lb, empty = "fd00:10:96::110", "2001:db8:ff::7", "fd00:10:96::111"
+				wrap = func(a string, port int) string { return fmt.Sprintf("[%s]:%d", a, port) }
+			}
+			s := e.svc(f, "web", ip, p11, p21)
+			s.sp.NodePort = 30080
+			s.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr(lb)}
+			s.sp.SessionAffinity = true
+			none := e.svc(f, "none", empty)
+			mustSync(t, b, request(f, []testSvc{s, none}, nil))
+			first := e.answers(&e.pod(1, 2).Host, wrap(ip, 80))
+			for range 5 {
+				if got := e.answers(&e.pod(1, 2).Host, wrap(ip, 80)); got != first {
+					t.Fatalf("affinity: %s then %s", first, got)
+				}
+			}
+			e.answers(e.tn.Client, wrap(e.tn.Node1.ExternalIP(f).String(), 30080))
+			e.answers(e.tn.Client, wrap(lb, 80))
+			if r := e.tn.Node1.TCP(netip.MustParseAddrPort(wrap(empty, 80)), probeTimeout); !r.Outcome.Rejected() {
+				t.Fatalf("no endpoints: %v, want rejected", r)
+			}
+			// A partial sync: the endpoint set changes.
+			s2 := e.svc(f, "web", ip, p21)
+			s2.sp = s.sp
+			mustSync(t, b, request(f, []testSvc{s2, none}, svcNames(s2)))
+			for range 5 {
+				if got := e.answers(e.tn.Client, wrap(lb, 80)); got != p21.Name {
+					t.Fatalf("after the change: %s", got)
+				}
+			}
+			if err := b.Cleanup(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			save := "iptables-legacy-save"
+			if f == model.IPv6 {
+				save = "ip6tables-legacy-save"
+			}
+			if out := e.exec(save); strings.Contains(out, "PROXYKIT") {
+				t.Fatalf("after Cleanup:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestKernelCanaryFlushResync(t *testing.T) {
+	e := newKernelEnv(t)
+	b := e.backend(model.IPv4, Config{})
+	node, p11, p21 := &e.tn.Node1.Host, e.pod(1, 1), e.pod(2, 1)
+	a := e.svc(model.IPv4, "a", "10.96.2.1", p11)
+	mustSync(t, b, request(model.IPv4, []testSvc{a}, nil))
+	e.answers(node, "10.96.2.1:80")
+
+	// A firewall reload: everything in nat and filter is flushed and
+	// deleted, ours included.
+	for _, tb := range []string{"nat", "filter"} {
+		e.exec("iptables-nft", "-w", "-t", tb, "-F")
+		e.exec("iptables-nft", "-w", "-t", tb, "-X")
+	}
+	if r := node.TCP(netip.MustParseAddrPort("10.96.2.1:80"), time.Second); r.Outcome == testnet.Answered {
+		t.Fatal("the service still answers after the flush")
+	}
+	// The next partial sync finds the canary gone and rewrites all.
+	bsvc := e.svc(model.IPv4, "b", "10.96.2.2", p21)
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, svcNames(bsvc)))
+	if !b.last.full {
+		t.Fatal("the sync after the flush was not a full one")
+	}
+	if got := e.answers(node, "10.96.2.1:80"); got != p11.Name {
+		t.Fatalf("a after the resync: %s", got)
+	}
+	if got := e.answers(node, "10.96.2.2:80"); got != p21.Name {
+		t.Fatalf("b after the resync: %s", got)
+	}
+
+	// Flushing only the filter table (rules gone, chains kept) is
+	// noticed by the next sync that writes filter, or the next full
+	// request (the periodic one, which otherwise only compares).
+	e.exec("iptables-nft", "-w", "-t", "filter", "-F")
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, nil))
+	if !b.last.full {
+		t.Fatal("a filter flush was not noticed")
+	}
+	if out := e.exec("iptables-nft", "-w", "-t", "filter", "-S", "FORWARD"); !strings.Contains(out, "-j PROXYKIT-SERVICES") {
+		t.Fatalf("jumps not restored:\n%s", out)
+	}
+	// An intact canary: the full request only compares and writes
+	// nothing but the canary checks; a deleted jump is put back.
+	e.exec("iptables-nft", "-w", "-t", "nat", "-D", "OUTPUT", "-m", "comment", "--comment", "proxykit service portals", "-j", "PROXYKIT-SERVICES")
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, nil))
+	if b.last.full || b.last.lines != 8 {
+		t.Fatalf("a full request with the canary intact: %+v", b.last)
+	}
+	if got := e.answers(node, "10.96.2.1:80"); got != p11.Name {
+		t.Fatalf("a after the jump was put back: %s", got)
+	}
+	// A rule of ours deleted behind our back: the partial sync that
+	// would delete it notices and rewrites everything.
+	e.exec("iptables-nft", "-w", "-t", "nat", "-F", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
+	e.exec("iptables-nft", "-w", "-t", "nat", "-D", "PROXYKIT-SERVICES", "-m", "comment", "--comment", "default/a/TCP cluster IP",
+		"-d", "10.96.2.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
+	mustSync(t, b, request(model.IPv4, []testSvc{bsvc}, svcNames(a)))
+	if !b.last.full {
+		t.Fatal("a missing rule was not noticed")
+	}
+	if r := node.TCP(netip.MustParseAddrPort("10.96.2.1:80"), time.Second); r.Outcome == testnet.Answered {
+		t.Fatal("a deleted service answers")
+	}
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, svcNames(a)))
+	if got := e.answers(node, "10.96.2.1:80"); got != p11.Name {
+		t.Fatalf("a re-added: %s", got)
+	}
+	// A partial sync without changes runs nothing.
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, svcNames(a)))
+	if b.last.lines != 0 {
+		t.Fatalf("a partial sync without changes wrote %d lines", b.last.lines)
+	}
+}
+
+func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
+	e := newKernelEnv(t)
+	node, p11, p21 := &e.tn.Node1.Host, e.pod(1, 1), e.pod(2, 1)
+	for _, tc := range []struct {
+		name string
+		bad  string // the rule the backend is made to write
+	}{
+		{"ParseError", "-m pkbogus -j RETURN"},
+		// The kernel refuses REJECT in nat; iptables-nft names the line.
+		{"KernelError", "-j REJECT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := e.backend(model.IPv4, Config{RewriteInterval: -1})
+			a := e.svc(model.IPv4, "a", "10.96.3.1", p11)
+			other := e.svc(model.IPv4, "other", "10.96.3.2", p11)
+			mustSync(t, b, request(model.IPv4, []testSvc{a, other}, nil))
+
+			b.r.badRule = func(n model.ServicePortName) string {
+				if n == a.sp.Name {
+					return tc.bad
+				}
+				return ""
+			}
+			// a moves to pod2 (with the bad rule), other too, and c
+			// appears: a keeps its rules, the rest goes through.
+			a2, other2 := e.svc(model.IPv4, "a", "10.96.3.1", p21), e.svc(model.IPv4, "other", "10.96.3.2", p21)
+			c := e.svc(model.IPv4, "c", "10.96.3.3", p21)
+			svcs := []testSvc{a2, other2, c}
+			err := b.Sync(t.Context(), request(model.IPv4, svcs, svcNames(a2, other2, c)))
+			checkRefused(t, err, a.sp.Name, tc.bad)
+			if got := e.answers(node, "10.96.3.1:80"); got != p11.Name {
+				t.Fatalf("a after its refused change: %s, want its previous endpoint %s", got, p11.Name)
+			}
+			for _, addr := range []string{"10.96.3.2:80", "10.96.3.3:80"} {
+				if got := e.answers(node, addr); got != p21.Name {
+					t.Fatalf("%s: %s", addr, got)
+				}
+			}
+			// A full rewrite keeps a's previous rules as well.
+			err = b.Sync(t.Context(), request(model.IPv4, svcs, nil))
+			checkRefused(t, err, a.sp.Name, tc.bad)
+			if got := e.answers(node, "10.96.3.1:80"); got != p11.Name {
+				t.Fatalf("a after a full sync: %s", got)
+			}
+			// Once the rule is fine, a follows.
+			b.r.badRule = nil
+			mustSync(t, b, request(model.IPv4, svcs, svcNames(a2)))
+			if got := e.answers(node, "10.96.3.1:80"); got != p21.Name {
+				t.Fatalf("a after the fix: %s", got)
+			}
+			if err := b.Cleanup(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// checkRefused requires err to be one ObjectError naming svc and the
+// refused rule.
+func checkRefused(t *testing.T, err error, svc model.ServicePortName, rule string) {
+	t.Helper()
+	var oe *proxier.ObjectError
+	if !errors.As(err, &oe) || oe.Service != svc || !strings.Contains(err.Error(), rule) || !onlyObjectErrors(err) {
+		t.Fatalf("sync error %v; want an ObjectError for %s naming %q", err, svc, rule)
+	}
+	t.Logf("refused: %v", err)
+}
+
+func TestKernelCoexistenceAndCleanup(t *testing.T) {
+	e := newKernelEnv(t)
+	node, p11 := &e.tn.Node1.Host, e.pod(1, 1)
+	// Another program's rules, in the built-in chains the backend jumps
+	// from and in a chain of its own.
+	other := [][]string{
+		{"-t", "nat", "-A", "PREROUTING", "-s", "192.0.2.99/32", "-j", "RETURN"},
+		{"-t", "nat", "-N", "OTHER"},
+		{"-t", "nat", "-A", "OTHER", "-d", "192.0.2.98/32", "-j", "RETURN"},
+		{"-t", "nat", "-A", "OUTPUT", "-j", "OTHER"},
+		{"-t", "filter", "-A", "INPUT", "-s", "192.0.2.99/32", "-p", "tcp", "--dport", "9", "-j", "ACCEPT"},
+	}
+	for _, c := range other {
+		e.exec(append([]string{"iptables-nft", "-w"}, c...)...)
+	}
+	e.exec("ip6tables-nft", "-w", "-A", "INPUT", "-s", "2001:db8:99::1/128", "-j", "ACCEPT")
+	before4, before6 := rules(e.exec("iptables-nft-save")), rules(e.exec("ip6tables-nft-save"))
+	beforeNft := counters.ReplaceAllString(e.exec("nft", "list", "ruleset"), "")
+
+	b4, b6 := e.backend(model.IPv4, Config{}), e.backend(model.IPv6, Config{})
+	s4 := e.svc(model.IPv4, "web", "10.96.4.1", p11)
+	s4.sp.NodePort = 30080
+	s6 := e.svc(model.IPv6, "web", "fd00:10:96::41", p11)
+	mustSync(t, b4, request(model.IPv4, []testSvc{s4}, nil))
+	mustSync(t, b6, request(model.IPv6, []testSvc{s6}, nil))
+	e.answers(node, "10.96.4.1:80")
+	e.answers(node, "[fd00:10:96::41]:80")
+	// Our jumps are at the top of the built-in chains, the other
+	// program's rules below, unchanged.
+	nat := e.exec("iptables-nft", "-w", "-t", "nat", "-S", "PREROUTING")
+	if i, j := strings.Index(nat, "PROXYKIT-SERVICES"), strings.Index(nat, "192.0.2.99"); i < 0 || j < i {
+		t.Fatalf("nat PREROUTING:\n%s", nat)
+	}
+	if got := rules(e.exec("iptables-nft-save"), "PROXYKIT"); got != before4 {
+		t.Fatalf("the other program's IPv4 rules changed:\n--- before\n%s--- after\n%s", before4, got)
+	}
+	// A second full rewrite and a restart keep the jumps single.
+	b4.lastRewrite = time.Time{}
+	mustSync(t, b4, request(model.IPv4, []testSvc{s4}, nil))
+	b4b := e.backend(model.IPv4, Config{})
+	mustSync(t, b4b, request(model.IPv4, []testSvc{s4}, nil))
+	if n := strings.Count(e.exec("iptables-nft", "-w", "-t", "nat", "-S", "PREROUTING"), "PROXYKIT"); n != 1 {
+		t.Fatalf("%d jumps in nat PREROUTING", n)
+	}
+
+	// Cleanup by the IPv4 backend leaves IPv6 alone, and vice versa.
+	if err := b4.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(e.exec("iptables-nft-save"), "PROXYKIT") || !strings.Contains(e.exec("ip6tables-nft-save"), "PROXYKIT") {
+		t.Fatal("IPv4 cleanup")
+	}
+	if err := b6.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := rules(e.exec("iptables-nft-save")); got != before4 {
+		t.Fatalf("IPv4 after Cleanup:\n--- before\n%s--- after\n%s", before4, got)
+	}
+	if got := rules(e.exec("ip6tables-nft-save")); got != before6 {
+		t.Fatalf("IPv6 after Cleanup:\n--- before\n%s--- after\n%s", before6, got)
+	}
+	// The built-in chains and tables the backend created are gone too.
+	if got := counters.ReplaceAllString(e.exec("nft", "list", "ruleset"), ""); got != beforeNft {
+		t.Fatalf("nft ruleset after Cleanup:\n--- before\n%s--- after\n%s", beforeNft, got)
+	}
+	// Cleanup again, and on a namespace without anything, succeeds.
+	if err := b4.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKernelCleanupBothFlavours(t *testing.T) {
+	e := newKernelEnv(t, "iptables-legacy-restore")
+	legacy := e.backend(model.IPv4, Config{Mode: ModeLegacy})
+	nft := e.backend(model.IPv4, Config{Mode: ModeNFT})
+	s := e.svc(model.IPv4, "web", "10.96.5.1", e.pod(1, 1))
+	mustSync(t, legacy, request(model.IPv4, []testSvc{s}, nil))
+	mustSync(t, nft, request(model.IPv4, []testSvc{s}, nil))
+	// A new instance that never synced cleans both.
+	fresh := e.backend(model.IPv4, Config{})
+	if err := fresh.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, save := range []string{"iptables-legacy-save", "iptables-nft-save"} {
+		if out := e.exec(save); strings.Contains(out, "PROXYKIT") {
+			t.Fatalf("%s after Cleanup:\n%s", save, out)
+		}
+	}
+	if out := e.exec("nft", "list", "ruleset"); strings.TrimSpace(out) != "" {
+		t.Fatalf("nft ruleset after Cleanup:\n%s", out)
+	}
+}
+
+func TestNewWithoutPrograms(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := New(Config{})
+	if !errors.Is(err, proxier.ErrNotSupported) || !strings.Contains(err.Error(), "iptables") {
+		t.Fatalf("New without programs: %v", err)
+	}
+	_, err = NewBackend(Config{Mode: ModeNFT}, model.IPv6)
+	var ue *UnsupportedError
+	if !errors.As(err, &ue) || ue.What != "program ip6tables-nft-restore" {
+		t.Fatalf("NewBackend without programs: %v", err)
+	}
+}
+
+func TestNewInvalidConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{MasqueradeBit: 0x3},
+		{ChainPrefix: "FAR-TOO-LONG-PREFIX"},
+		{Mode: "iptables"},
+		{Config: proxier.Config{NetNS: "/nonexistent/netns"}},
+	} {
+		if _, err := NewBackend(cfg, model.IPv4); err == nil {
+			t.Errorf("NewBackend(%+v) succeeded", cfg)
+		}
+	}
+	if _, err := NewBackend(Config{}, 5); err == nil {
+		t.Error("family 5 accepted")
+	}
+}

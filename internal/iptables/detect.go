@@ -1,0 +1,123 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/model"
+)
+
+// hintChains are chains kubelet creates in the flavour the host uses
+// (kube-proxy's iptables wrapper looks for them too).
+var hintChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
+
+// Counts summarizes one flavour's rule sets of both families.
+type Counts struct {
+	// Hints counts chains named by a caller's prefix or kubelet's hint
+	// chains.
+	Hints int
+	// Rules counts rules.
+	Rules int
+}
+
+// CountSave counts the hint chains and the rules in the output of a
+// *-save. A chain is a hint when its name starts with one of prefixes
+// followed by "-", or is one of kubelet's hint chains.
+func CountSave(save []byte, prefixes ...string) Counts {
+	var c Counts
+	s := bufio.NewScanner(bytes.NewReader(save))
+	s.Buffer(nil, 1<<20)
+	for s.Scan() {
+		l := s.Text()
+		switch {
+		case strings.HasPrefix(l, "-A "):
+			c.Rules++
+		case strings.HasPrefix(l, ":"):
+			name, _, _ := strings.Cut(l[1:], " ")
+			for _, h := range hintChains {
+				if name == h {
+					c.Hints++
+				}
+			}
+			for _, p := range prefixes {
+				if strings.HasPrefix(name, p+"-") {
+					c.Hints++
+				}
+			}
+		}
+	}
+	return c
+}
+
+// Choose picks the flavour from both flavours' counts: the one with more
+// hint chains, else the one with more rules, else nft.
+func Choose(legacy, nft Counts) Flavour {
+	switch {
+	case legacy.Hints > nft.Hints:
+		return Legacy
+	case nft.Hints > 0:
+		return NFT
+	case legacy.Rules > nft.Rules:
+		return Legacy
+	}
+	return NFT
+}
+
+// Detect returns the flavour of iptables the namespace uses, as kube-proxy
+// decides: it reads both flavours' rule sets of both families and
+// [Choose]s. prefixes name the caller's own chains, e.g. "PROXYKIT". When
+// only one flavour is installed that one is used; when none is, the error
+// is a [*MissingError].
+//
+// Detect lists the legacy tables without naming one, which does not make
+// the kernel create them in the namespace.
+func Detect(ctx context.Context, ns *netns.NS, prefixes ...string) (Flavour, error) {
+	avail := map[Flavour]bool{}
+	counts := map[Flavour]Counts{}
+	for _, fl := range []Flavour{Legacy, NFT} {
+		for _, f := range []model.IPFamily{model.IPv4, model.IPv6} {
+			name := baseName(f) + "-" + string(fl) + "-save"
+			prog, err := exec.LookPath(name)
+			if err != nil {
+				continue
+			}
+			avail[fl] = true
+			r := &Runner{ns: ns}
+			res, err := r.run(ctx, nil, prog)
+			if err != nil {
+				if ctx.Err() != nil {
+					return "", err
+				}
+				continue // a flavour the kernel cannot list holds nothing
+			}
+			if res.exitCode != 0 {
+				continue
+			}
+			c := CountSave(res.stdout, prefixes...)
+			cur := counts[fl]
+			counts[fl] = Counts{Hints: cur.Hints + c.Hints, Rules: cur.Rules + c.Rules}
+		}
+	}
+	switch {
+	case avail[Legacy] && avail[NFT]:
+		return Choose(counts[Legacy], counts[NFT]), nil
+	case avail[NFT]:
+		return NFT, nil
+	case avail[Legacy]:
+		return Legacy, nil
+	}
+	// iptables < 1.8 has only the plain names, and is legacy.
+	prog, err := exec.LookPath("iptables")
+	if err != nil {
+		return "", &MissingError{Program: "iptables-restore", Err: err}
+	}
+	v, err := versionOf(ctx, prog)
+	if err != nil {
+		return "", err
+	}
+	return v.Flavour, nil
+}
