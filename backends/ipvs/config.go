@@ -1,0 +1,96 @@
+package ipvs
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// Defaults of [Config].
+const (
+	DefaultScheduler                  = "rr"
+	DefaultInterfaceName              = "proxykit-ipvs0"
+	DefaultTableName                  = "proxykit-ipvs"
+	DefaultMasqueradeBit              = 0x4000
+	DefaultGracefulTerminationTimeout = 15 * time.Minute
+	// DefaultAffinityTimeout is the persistence timeout of a service
+	// with session affinity but no timeout (Kubernetes' default).
+	DefaultAffinityTimeout = 10800 * time.Second
+)
+
+// Schedulers are the IPVS schedulers the backend accepts, by the name
+// the kernel module is known by (ip_vs_NAME).
+var Schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh"}
+
+// Config configures the IPVS backend. The zero value is valid.
+type Config struct {
+	proxier.Config
+
+	// Scheduler is the IPVS scheduler of every virtual server, one of
+	// [Schedulers]. Empty means [DefaultScheduler] (round robin).
+	Scheduler string
+	// InterfaceName is the dummy interface that holds the service
+	// addresses. Empty means [DefaultInterfaceName].
+	InterfaceName string
+	// StrictARP sets arp_ignore=1 and arp_announce=2 for all interfaces
+	// of the namespace, so the node does not answer ARP requests for
+	// the service addresses it holds on the dummy interface (needed
+	// when a layer-2 load balancer announces them). IPv4 only.
+	StrictARP bool
+	// TableName names the nftables table the backend owns in each
+	// family ("ip NAME", "ip6 NAME"). Empty means [DefaultTableName].
+	TableName string
+	// MasqueradeBit is the packet mark bit that asks for masquerading
+	// in postrouting. Zero means [DefaultMasqueradeBit] (kube-proxy's).
+	MasqueradeBit uint32
+	// GracefulTerminationTimeout bounds how long a removed TCP real
+	// server keeps weight 0 while its connections drain before it is
+	// deleted. Zero means [DefaultGracefulTerminationTimeout]; a
+	// negative value deletes removed real servers at once.
+	GracefulTerminationTimeout time.Duration
+	// TCPTimeout, TCPFinTimeout and UDPTimeout set IPVS's connection
+	// timeouts (ipvsadm --set) of the namespace; zero leaves the
+	// kernel's value.
+	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
+}
+
+// WithDefaults returns c with every zero field that has a default filled in.
+func (c Config) WithDefaults() Config {
+	c.Config = c.Config.WithDefaults()
+	if c.Scheduler == "" {
+		c.Scheduler = DefaultScheduler
+	}
+	if c.InterfaceName == "" {
+		c.InterfaceName = DefaultInterfaceName
+	}
+	if c.TableName == "" {
+		c.TableName = DefaultTableName
+	}
+	if c.MasqueradeBit == 0 {
+		c.MasqueradeBit = DefaultMasqueradeBit
+	}
+	if c.GracefulTerminationTimeout == 0 {
+		c.GracefulTerminationTimeout = DefaultGracefulTerminationTimeout
+	}
+	return c
+}
+
+// validate checks a configuration with defaults filled in.
+func (c *Config) validate() error {
+	if !slices.Contains(Schedulers, c.Scheduler) {
+		return fmt.Errorf("ipvs: unknown scheduler %q (one of %s)", c.Scheduler, strings.Join(Schedulers, ", "))
+	}
+	if bits := c.MasqueradeBit; bits&(bits-1) != 0 {
+		return fmt.Errorf("ipvs: masquerade bit %#x is not a single bit", bits)
+	}
+	if n := len(c.InterfaceName); n == 0 || n > 15 || strings.ContainsAny(c.InterfaceName, "/ \t\n") {
+		return fmt.Errorf("ipvs: invalid interface name %q", c.InterfaceName)
+	}
+	if len(c.TableName) > 200 {
+		return fmt.Errorf("ipvs: table name too long")
+	}
+	return nil
+}
