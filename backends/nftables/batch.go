@@ -684,3 +684,6 @@ func (c *conn) tableExists(fam byte, table string) (bool, error) {
 		}
 	}
 }
+
+// be32 encodes v big endian.
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }

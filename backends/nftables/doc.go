@@ -9,14 +9,21 @@
 // # Layout
 //
 // The table holds a fixed number of sets and maps whatever the number of
-// services: service addresses dispatch through one verdict map to a small
-// chain per service port, whose one rule draws a random index with numgen
-// and DNATs to the endpoint found at group . index in a shared endpoint map
-// (64 shards). Session affinity uses dynamic maps with per-element
-// timeouts, refreshed and replaced from the packet path. The kernel's cost
-// of a transaction grows with the number of sets in a table and with the
-// number of rules that look up the same map, so the backend bounds both;
-// per-service state lives in elements.
+// services, and a fixed number of shared chains. Service addresses and
+// node ports dispatch through verdict maps to the shared chain of their
+// shard, whose one rule draws a random position and looks up the packet's
+// own destination (daddr . proto . dport; hashed for IPv6) plus that
+// position in an interval map of endpoint ranges: the endpoint whose range
+// holds the position is the DNAT target. No rule depends on a service's
+// endpoints, and most service ports have no chain of their own, so adding
+// or removing an endpoint changes map elements only and costs the same at
+// 10,000 services as at 100. Session affinity, external traffic policy
+// Local and hash collisions use a chain per service port; affinity is
+// recorded in dynamic sets keyed by endpoint id and client, and every rule
+// can be printed by `nft list ruleset`. The kernel's cost of a transaction
+// grows with the number of chains (it walks them all at commit), the
+// number of sets, and the size of a changed interval map, so the backend
+// bounds all three.
 // README.md describes the kernel contract: names, hooks, priorities, marks
 // and key types.
 //

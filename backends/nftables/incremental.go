@@ -25,6 +25,11 @@ type delta struct {
 	owners   map[string]map[string]*model.ServicePortName
 	refs     map[string]map[string]int
 	nextID   uint32
+	nextAID  uint32
+	// freeUsed counts the ids taken from the head of base.free; freed
+	// are the ids of deleted service ports, free from the next sync on.
+	freeUsed int
+	freed    []uint32
 }
 
 func newDelta(base *state) *delta {
@@ -34,7 +39,23 @@ func newDelta(base *state) *delta {
 		owners:   map[string]map[string]*model.ServicePortName{},
 		refs:     map[string]map[string]int{},
 		nextID:   base.nextID,
+		nextAID:  base.nextAID,
 	}
+}
+
+// allocID returns an unused service port id (see state.allocID).
+func (d *delta) allocID() uint32 {
+	if d.freeUsed < len(d.base.free) {
+		d.freeUsed++
+		return d.base.free[d.freeUsed-1]
+	}
+	d.nextID++
+	return d.nextID - 1
+}
+
+func (d *delta) newAID() uint32 {
+	d.nextAID++
+	return d.nextAID - 1
 }
 
 func (d *delta) owner(sp, key string) (model.ServicePortName, bool) {
@@ -56,41 +77,49 @@ func (d *delta) setOwner(sp, key string, o *model.ServicePortName) {
 }
 
 func (d *delta) release(name model.ServicePortName, objs *svcObjs) {
-	for _, e := range objs.elems {
-		if sp := ownerSpace(e.set); sp != "" {
-			if o, ok := d.owner(sp, e.id()); ok && o == name {
-				d.setOwner(sp, e.id(), nil)
-			}
+	objs.ownedKeys(func(sp, k, _ string) bool {
+		if o, ok := d.owner(sp, k); ok && o == name {
+			d.setOwner(sp, k, nil)
 		}
-	}
+		return true
+	})
 }
 
 func (d *delta) claim(name model.ServicePortName, objs *svcObjs) error {
-	for _, e := range objs.elems {
-		if sp := ownerSpace(e.set); sp != "" {
-			if o, ok := d.owner(sp, e.id()); ok && o != name {
-				return fmt.Errorf("%s is already used by %s", describeKey(e.set), o)
-			}
+	var err error
+	objs.ownedKeys(func(sp, k, set string) bool {
+		if o, ok := d.owner(sp, k); ok && o != name {
+			err = fmt.Errorf("%s is already used by %s", describeKey(set), o)
+			return false
 		}
+		return true
+	})
+	if err != nil {
+		return err
 	}
 	n := name
-	for _, e := range objs.elems {
-		if sp := ownerSpace(e.set); sp != "" {
-			d.setOwner(sp, e.id(), &n)
-		}
-	}
+	objs.ownedKeys(func(sp, k, _ string) bool {
+		d.setOwner(sp, k, &n)
+		return true
+	})
 	return nil
 }
 
-func (d *delta) use(objs *svcObjs, n int) {
-	for _, e := range objs.elems {
-		if refcounted(e.set) {
-			if d.refs[e.set] == nil {
-				d.refs[e.set] = map[string]int{}
-			}
-			d.refs[e.set][e.id()] += n
-		}
+// taken returns a prefixTaken for name (see state.taken).
+func (d *delta) taken(name model.ServicePortName) prefixTaken {
+	return func(set string, prefix []byte) bool {
+		o, ok := d.owner(prefixSpace(set), string(prefix))
+		return ok && o != name
 	}
+}
+
+func (d *delta) use(objs *svcObjs, n int) {
+	objs.eachRef(func(set string, key []byte) {
+		if d.refs[set] == nil {
+			d.refs[set] = map[string]int{}
+		}
+		d.refs[set][string(key)] += n
+	})
 }
 
 // apply makes the change part of the base state.
@@ -126,6 +155,8 @@ func (d *delta) apply() {
 		}
 	}
 	st.nextID = d.nextID
+	st.nextAID = d.nextAID
+	st.free = append(st.free[d.freeUsed:len(st.free):len(st.free)], d.freed...)
 }
 
 // plan collects the operations of an incremental transaction.
@@ -163,11 +194,14 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 		if err != nil {
 			return err
 		}
+		built := time.Now()
 		if tx.Len() > 0 {
 			err = b.conn.commit(tx)
 		}
 		if err == nil {
 			d.apply()
+			b.last = syncStats{render: built.Sub(start), kernel: time.Since(built),
+				messages: tx.Len(), bytes: tx.Size(), services: len(req.Changed)}
 			b.log.Debug("incremental sync", "changed", len(req.Changed), "messages", tx.Len(),
 				"bytes", tx.Size(), "duration", time.Since(start))
 			return joinObjectErrors(objErrs, skip)
@@ -204,6 +238,7 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 		if sp == nil {
 			if old != nil {
 				d.services[n] = nil
+				d.freed = append(d.freed, old.id)
 			}
 			continue
 		}
@@ -212,18 +247,20 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 		if old != nil {
 			id, prev = old.id, old.objs
 		} else {
-			id = d.nextID
-			d.nextID++
+			id = d.allocID()
 		}
-		objs, err := b.r.service(n, sp, req.Targets[n], id, prev)
+		objs, err := b.r.service(n, sp, req.Targets[n], id, prev, d.newAID, d.taken(n))
 		if err == nil {
 			err = d.claim(n, objs)
 		}
 		if err != nil {
 			errs[n] = err
+			// The service port is left out: it is deleted if it
+			// was programmed, and its id is free either way.
 			if old != nil {
 				d.services[n] = nil
 			}
+			d.freed = append(d.freed, id)
 			continue
 		}
 		d.use(objs, +1)
@@ -282,18 +319,31 @@ func (b *backend) diffService(p *plan, name model.ServicePortName, old, new *svc
 	}
 
 	dels, adds := map[string][]elem{}, map[string][]elem{}
+	// The ranges of an endpoint map are replaced as a whole: the kernel
+	// checks intervals for overlaps at each insertion, so moving a
+	// boundary means deleting the ranges around it first.
+	oldRanges, newRanges := map[string][]*setElem{}, map[string][]*setElem{}
 	oldElems := map[string]*setElem{}
 	if old != nil {
-		for i := range old.elems {
-			e := &old.elems[i]
-			if !refcounted(e.set) {
+		els := old.ownElems()
+		for i := range els {
+			e := &els[i]
+			switch {
+			case rangeSet(e.set):
+				oldRanges[e.set] = append(oldRanges[e.set], e)
+			case !refcounted(e.set):
 				oldElems[e.set+"\x00"+e.id()] = e
 			}
 		}
 	}
 	if new != nil {
-		for i := range new.elems {
-			e := &new.elems[i]
+		els := new.ownElems()
+		for i := range els {
+			e := &els[i]
+			if rangeSet(e.set) {
+				newRanges[e.set] = append(newRanges[e.set], e)
+				continue
+			}
 			if refcounted(e.set) {
 				continue
 			}
@@ -311,10 +361,33 @@ func (b *backend) diffService(p *plan, name model.ServicePortName, old, new *svc
 	for _, o := range oldElems {
 		dels[o.set] = append(dels[o.set], o.e)
 	}
+	for _, set := range slices.Sorted(maps.Keys(oldRanges)) {
+		if !sameElems(oldRanges[set], newRanges[set]) {
+			for _, e := range oldRanges[set] {
+				dels[set] = append(dels[set], e.e)
+			}
+		}
+	}
+	for _, set := range slices.Sorted(maps.Keys(newRanges)) {
+		if !sameElems(oldRanges[set], newRanges[set]) {
+			for _, e := range newRanges[set] {
+				adds[set] = append(adds[set], e.e)
+			}
+		}
+	}
 	p.delElems = append(p.delElems, grouped(&n, dels)...)
 	p.addElems = append(p.addElems, grouped(&n, adds)...)
 	return nil
 }
+
+// sameElems reports whether a and b hold the same elements, in order.
+func sameElems(a, b []*setElem) bool {
+	return slices.EqualFunc(a, b, func(x, y *setElem) bool { return x.id() == y.id() && x.sameData(y) })
+}
+
+// rangeSet reports whether set is an endpoint map, whose elements are
+// ranges.
+func rangeSet(set string) bool { return strings.HasPrefix(set, setEndpointsPrefix) }
 
 // diffShared adds the refcounted elements whose use count crosses zero.
 func (b *backend) diffShared(p *plan, d *delta) {
@@ -327,7 +400,7 @@ func (b *backend) diffShared(p *plan, d *delta) {
 		for k, n := range m {
 			before := d.base.refs[set][k]
 			after := before + n
-			key := []byte(strings.TrimSuffix(k, "|"))
+			key := []byte(k)
 			switch {
 			case before == 0 && after > 0:
 				adds[set] = append(adds[set], elem{key: key})
@@ -374,6 +447,9 @@ func (b *backend) incrementalBatch(p *plan) *batch {
 	}
 	for _, op := range p.addElems {
 		tx.forService(op.svc)
+		if rangeSet(op.set) {
+			sortElems(op.elems)
+		}
 		tx.addElems(op.set, op.elems)
 	}
 	return tx

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -236,13 +237,13 @@ func TestKernel(t *testing.T) {
 			t.Fatalf("with the endpoint back: %v, want the client to stay", n)
 		}
 		// The record expires after the timeout.
-		gi, _ := groupIDs(b.st.services[s.sp.Name].id)
-		if out, err := topo.node.nft("list", "map", "ip", "proxykit", affinityMap(shardOf(gi))); err != nil || !strings.Contains(out, "expires") {
+		shard, _ := groupOf(b.st.services[s.sp.Name].id, 0)
+		if out, err := topo.node.nft("list", "set", "ip", "proxykit", affinitySet(shard)); err != nil || !strings.Contains(out, "expires") {
 			t.Fatalf("no affinity record: %v\n%s", err, out)
 		}
 		time.Sleep(2500 * time.Millisecond)
-		for _, sh := range []uint32{shardOf(gi)} {
-			out, err := topo.node.nft("list", "map", "ip", "proxykit", affinityMap(sh))
+		for _, sh := range []uint32{shard} {
+			out, err := topo.node.nft("list", "set", "ip", "proxykit", affinitySet(sh))
 			if err != nil {
 				t.Fatal(out, err)
 			}
@@ -329,6 +330,48 @@ func TestKernel(t *testing.T) {
 			t.Fatalf("after restoring the table: %v %v", a, err)
 		}
 		cleanupAndCheck(t, b2, topo.node)
+	})
+
+	t.Run("NftListsRuleset", func(t *testing.T) {
+		// Operators debug with `nft list ruleset`: nft (1.0.6 here) must
+		// be able to print every rule the backend writes, affinity
+		// rules and chains of their own included.
+		testnet.RequireCommand(t, "nft")
+		b4 := newTestBackend(t, topo.node, model.IPv4, Config{Config: proxier.Config{
+			ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}}})
+		b6 := newTestBackend(t, topo.node, model.IPv6, Config{})
+		sticky := clusterSvc("sticky", model.TCP, "10.96.7.1", 80, pod1v4, pod2v4)
+		sticky.sp.SessionAffinity = true
+		sticky.sp.NodePort = 30071
+		local := clusterSvc("local", model.TCP, "10.96.7.2", 80, pod1v4, pod2v4)
+		local.sp.NodePort = 30072
+		local.sp.ExternalPolicy = model.PolicyLocal
+		local.t.External = eps(pod2v4)
+		lb := clusterSvc("lb", model.UDP, "10.96.7.3", 53, pod1u4)
+		lb.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.70")}
+		lb.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+		empty := clusterSvc("empty", model.TCP, "10.96.7.4", 80)
+		mustSync(t, b4, request(model.IPv4, []testSvc{sticky, local, lb, empty}, nil))
+		sticky6 := clusterSvc("sticky6", model.TCP, "fd00:96::71", 80, "[fd00:1::2]:8080", "[fd00:2::2]:8080")
+		sticky6.sp.SessionAffinity = true
+		plain6 := clusterSvc("plain6", model.TCP, "fd00:96::72", 80, "[fd00:1::2]:8080")
+		plain6.sp.NodePort = 30073
+		mustSync(t, b6, request(model.IPv6, []testSvc{sticky6, plain6}, nil))
+		// Traffic, so that affinity sets hold records.
+		if n := countPods(t, topo.pod2, ap("10.96.7.1:80"), 3); len(n) != 1 {
+			t.Fatalf("affinity: %v", n)
+		}
+		out, err := topo.node.nft("list", "ruleset")
+		if err != nil || strings.Contains(out, "Error") {
+			t.Fatalf("nft list ruleset: %v\n%s", err, out)
+		}
+		for _, want := range []string{"table ip proxykit", "table ip6 proxykit", "update @affinity-", "expires", "numgen random mod 65535 map @endpoints-", "jhash ip6 daddr"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("nft list ruleset lacks %q:\n%s", want, out)
+			}
+		}
+		cleanupAndCheck(t, b4, topo.node)
+		cleanupAndCheck(t, b6, topo.node)
 	})
 
 	t.Run("SCTPRulesAccepted", func(t *testing.T) {

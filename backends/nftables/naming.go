@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -33,19 +34,18 @@ const (
 // Names of the table's sets and maps. Their number is fixed: per-service
 // state lives in elements, never in sets of its own.
 const (
-	setServiceIPs        = "service-ips"
-	setServiceNodePorts  = "service-nodeports"
-	setNoEndpointIPs     = "no-endpoint-services"
-	setNoEndpointPorts   = "no-endpoint-nodeports"
-	setEndpointsPrefix   = "endpoints-" // + shard
-	setAffinityPrefix    = "affinity-"  // + shard
-	setAffinityEndpoints = "affinity-endpoints"
-	setFirewallIPs       = "firewall-ips"
-	setFirewallAllow     = "firewall-allow"
-	setClusterCIDRs      = "cluster-cidrs"
-	setNodePortIPs       = "nodeport-ips"
-	setHairpin           = "hairpin"
-	setClusterIPs        = "cluster-ips"
+	setServiceIPs       = "service-ips"
+	setServiceNodePorts = "service-nodeports"
+	setNoEndpointIPs    = "no-endpoint-services"
+	setNoEndpointPorts  = "no-endpoint-nodeports"
+	setEndpointsPrefix  = "endpoints-" // + shard
+	setAffinityPrefix   = "affinity-"  // + shard
+	setFirewallIPs      = "firewall-ips"
+	setFirewallAllow    = "firewall-allow"
+	setClusterCIDRs     = "cluster-cidrs"
+	setNodePortIPs      = "nodeport-ips"
+	setHairpin          = "hairpin"
+	setClusterIPs       = "cluster-ips"
 )
 
 // Hook priorities of the base chains, relative to the kernel's NAT.
@@ -71,20 +71,35 @@ func chainSuffix(n model.ServicePortName) string {
 	return s
 }
 
-// numShards is the number of endpoint maps (and affinity maps). Every rule
-// that looks up a map with a data register is a "binding" of that map,
-// and the kernel walks a map's bindings (and its elements) each time it
-// adds one, so one map looked up by 10,000 service rules costs seconds.
-// Spreading the service ports over a fixed number of maps keeps both walks
-// short while the number of sets stays constant.
-const numShards = 64
+// numShards is the number of endpoint maps, affinity sets and shared
+// chains of each kind. The kernel rebuilds an interval map's lookup array
+// from the whole map at every commit that changes it, and walks a map's
+// elements when a rule binds it: shards keep both walks short while the
+// number of sets stays constant.
+const numShards = 256
 
-// shardOf returns the shard of an endpoint group: both groups of a service
-// port share one.
-func shardOf(group uint32) uint32 { return (group / 2) % numShards }
+// Shared chains, one per shard and kind, balance the service ports whose
+// dispatch key (the packet's daddr . proto . dport, or proto . dport for
+// node ports) identifies their endpoint group: see tupleRule.
+const (
+	chainClusterPrefix  = "cluster-"  // + shard: cluster IPs
+	chainExternalPrefix = "external-" // + shard: external and load-balancer IPs, policy Cluster
+	chainNodePortPrefix = "nodeport-" // + shard: node ports, policy Cluster
+)
 
-func endpointsMap(shard uint32) string { return fmt.Sprintf("%s%02d", setEndpointsPrefix, shard) }
-func affinityMap(shard uint32) string  { return fmt.Sprintf("%s%02d", setAffinityPrefix, shard) }
+// groupOf returns the shard of the service port with id id and the local
+// number of its internal (ext 0) or external (ext 1) endpoint group, which
+// names the group's ranges when it has a chain of its own. Both groups of a
+// service port share a shard.
+func groupOf(id, ext uint32) (shard, local uint32) {
+	return id % numShards, id/numShards*2 + ext
+}
+
+func endpointsMap(shard uint32) string { return fmt.Sprintf("%s%03d", setEndpointsPrefix, shard) }
+func affinitySet(shard uint32) string  { return fmt.Sprintf("%s%03d", setAffinityPrefix, shard) }
+func sharedChain(kind string, shard uint32) string {
+	return fmt.Sprintf("%s%03d", kind, shard)
+}
 
 // Registers. nf_tables has sixteen 32-bit registers (NFT_REG32_00..15);
 // concatenated keys occupy consecutive ones. The kernel only lets a rule
@@ -159,23 +174,155 @@ func portKey(p model.Protocol, pt uint16) []byte {
 	return append([]byte{l4proto(p), 0, 0, 0}, port(pt)...)
 }
 
-// endpointKey is the key of the endpoint maps: group . index.
-func endpointKey(group, idx uint32) []byte { return append(u32(group), u32(idx)...) }
+// Endpoint map keys. An endpoint map is an interval map (ordered by
+// memcmp) from 16-byte keys, PREFIX . POSITION, to endpoints. The 12-byte
+// prefix names a range set; a random position below randRange picks the
+// endpoint whose range holds it. Prefixes:
+//
+//	IPv4 service address:  daddr . proto . dport (the packet's own)
+//	IPv6 service address:  jhash(daddr . proto . dport) . 0 . 0
+//	node port:             ff ff ff ff . proto . dport
+//	a group with a chain:  ff ff ff fe . local group number . ff ff ff ff
+//
+// They cannot collide: 255.255.255.254 and .255 are never served from
+// shared chains, the hash leaves its last eight bytes zero, the others do
+// not.
+const (
+	prefixLen   = 12
+	randRange   = 0xffff // numgen modulus: positions 0..65534
+	hashModulus = 0xffffffff
+	tagNodePort = 0xffffffff
+	tagGroup    = 0xfffffffe
+)
 
-// endpointVal is an endpoint as map data: addr . port.
-func (fi *familyInfo) endpointVal(ap netip.AddrPort) []byte {
-	return append(fi.addr(ap.Addr()), port(ap.Port())...)
+// hashSeed is the seed of the IPv6 address hash.
+const hashSeed = 0x70726f78 // "prox"
+
+// tuplePrefix returns the prefix of a service address (see above). ok is
+// false for the two IPv4 addresses that could collide with a tag.
+func (fi *familyInfo) tuplePrefix(a netip.Addr, p model.Protocol, pt uint16) (prefix []byte, ok bool) {
+	k := fi.ipKey(a, p, pt)
+	if fi.addrLen == 4 {
+		if v := binary.BigEndian.Uint32(k); v == tagNodePort || v == tagGroup {
+			return nil, false
+		}
+		return k, true
+	}
+	h := reciprocalScale(jhash(k, hashSeed), hashModulus)
+	return append(binary.NativeEndian.AppendUint32(nil, h), make([]byte, 8)...), true
 }
+
+// nodePortPrefix returns the prefix of a node port.
+func nodePortPrefix(p model.Protocol, pt uint16) []byte {
+	return append(be32(tagNodePort), portKey(p, pt)...)
+}
+
+// groupPrefix returns the prefix of a group with a chain of its own.
+func groupPrefix(local uint32) []byte {
+	return slices.Concat(be32(tagGroup), u32(local), be32(0xffffffff))
+}
+
+// positionKey returns the last four bytes of a key at position pos: the
+// bytes numgen writes (a host-order u32 below randRange) in memcmp order.
+func positionKey(pos uint32) []byte {
+	if nativeLittle {
+		return []byte{byte(pos >> 8), byte(pos), 0, 0}
+	}
+	return []byte{0, 0, byte(pos >> 8), byte(pos)}
+}
+
+var nativeLittle = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// rangeStarts returns where the ranges of n endpoints start, and, last,
+// where the last one ends: endpoint i owns the positions [starts[i],
+// starts[i+1]). Ranges differ in size by at most one position.
+func rangeStarts(n int) []uint32 {
+	out := make([]uint32, n+1)
+	for i := range out {
+		out[i] = uint32(uint64(i) * randRange / uint64(n))
+	}
+	return out
+}
+
+// jhash is the kernel's jhash() (include/linux/jhash.h, Bob Jenkins'
+// lookup3) over k, reading words in host byte order as the kernel does.
+func jhash(k []byte, initval uint32) uint32 {
+	rol := func(x uint32, n uint) uint32 { return x<<n | x>>(32-n) }
+	a := 0xdeadbeef + uint32(len(k)) + initval
+	b, c := a, a
+	for len(k) > 12 {
+		a += binary.NativeEndian.Uint32(k)
+		b += binary.NativeEndian.Uint32(k[4:])
+		c += binary.NativeEndian.Uint32(k[8:])
+		a -= c
+		a ^= rol(c, 4)
+		c += b
+		b -= a
+		b ^= rol(a, 6)
+		a += c
+		c -= b
+		c ^= rol(b, 8)
+		b += a
+		a -= c
+		a ^= rol(c, 16)
+		c += b
+		b -= a
+		b ^= rol(a, 19)
+		a += c
+		c -= b
+		c ^= rol(b, 4)
+		b += a
+		k = k[12:]
+	}
+	if len(k) == 0 {
+		return c
+	}
+	var last [12]byte
+	copy(last[:], k)
+	// The kernel adds the tail bytes as little-endian values.
+	a += binary.LittleEndian.Uint32(last[0:])
+	b += binary.LittleEndian.Uint32(last[4:])
+	c += binary.LittleEndian.Uint32(last[8:])
+	c ^= b
+	c -= rol(b, 14)
+	a ^= c
+	a -= rol(c, 11)
+	b ^= a
+	b -= rol(a, 25)
+	c ^= b
+	c -= rol(b, 16)
+	a ^= c
+	a -= rol(c, 4)
+	b ^= a
+	b -= rol(a, 14)
+	c ^= b
+	c -= rol(b, 24)
+	return c
+}
+
+// reciprocalScale is the kernel's reciprocal_scale: val scaled to [0, n).
+func reciprocalScale(val, n uint32) uint32 { return uint32(uint64(val) * uint64(n) >> 32) }
+
+// addrBytes returns an address as it is in packets: 4 or 16 bytes.
+func addrBytes(a netip.Addr) []byte {
+	if a.Is4() {
+		b := a.As4()
+		return b[:]
+	}
+	b := a.As16()
+	return b[:]
+}
+
+// endpointBytes is an endpoint as map data: addr . port.
+func endpointBytes(ap netip.AddrPort) []byte { return append(addrBytes(ap.Addr()), port(ap.Port())...) }
 
 // setSpecs returns the table's sets and maps.
 func (fi *familyInfo) setSpecs(affinitySize uint32) []*setSpec {
 	addr := fi.addrType
 	ipKey := nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
 	portKeyT := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	idPair := nftables.MustConcatSetType(nftables.TypeMark, nftables.TypeMark)
 	ep := nftables.MustConcatSetType(addr, nftables.TypeInetService)
 	idAddr := nftables.MustConcatSetType(nftables.TypeMark, addr)
-	idEp := nftables.MustConcatSetType(nftables.TypeMark, addr, nftables.TypeInetService)
 	fwAllow := nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, addr)
 	pair := nftables.MustConcatSetType(addr, addr)
 	verdictMap := func(name string, key nftables.SetDatatype, comment string) *setSpec {
@@ -187,8 +334,6 @@ func (fi *familyInfo) setSpecs(affinitySize uint32) []*setSpec {
 		verdictMap(setServiceNodePorts, portKeyT, "node ports: proto . port -> external chain"),
 		verdictMap(setNoEndpointIPs, ipKey, "service addresses without usable endpoints -> reject or drop"),
 		verdictMap(setNoEndpointPorts, portKeyT, "node ports without usable endpoints -> reject or drop"),
-		{name: setAffinityEndpoints, keyType: idEp.GetNFTMagic(), keyLen: idEp.Bytes,
-			comment: "current endpoints of groups with session affinity"},
 		{name: setFirewallIPs, keyType: ipKey.GetNFTMagic(), keyLen: ipKey.Bytes,
 			comment: "load-balancer IPs with source ranges"},
 		{name: setFirewallAllow, keyType: fwAllow.GetNFTMagic(), keyLen: fwAllow.Bytes, interval: true,
@@ -204,11 +349,12 @@ func (fi *familyInfo) setSpecs(affinitySize uint32) []*setSpec {
 	}
 	for s := range uint32(numShards) {
 		specs = append(specs,
-			&setSpec{name: endpointsMap(s), keyType: idPair.GetNFTMagic(), keyLen: idPair.Bytes, isMap: true,
-				dataType: ep.GetNFTMagic(), dataLen: ep.Bytes, comment: "endpoint group . index -> endpoint"},
-			&setSpec{name: affinityMap(s), keyType: idAddr.GetNFTMagic(), keyLen: idAddr.Bytes, isMap: true,
-				dataType: idEp.GetNFTMagic(), dataLen: idEp.Bytes, timeout: true, dynamic: true, size: affinitySize,
-				comment: "session affinity: endpoint group . client -> group . endpoint"})
+			&setSpec{name: endpointsMap(s), keyType: nftables.TypeIP6Addr.GetNFTMagic(), keyLen: 16, isMap: true,
+				interval: true, dataType: ep.GetNFTMagic(), dataLen: ep.Bytes,
+				comment: "range set prefix . random position -> endpoint"},
+			&setSpec{name: affinitySet(s), keyType: idAddr.GetNFTMagic(), keyLen: idAddr.Bytes,
+				timeout: true, dynamic: true, size: affinitySize,
+				comment: "session affinity: endpoint id . client"})
 	}
 	return specs
 }

@@ -42,7 +42,13 @@ type setElem struct {
 }
 
 // id returns the element's identity within its set.
-func (s *setElem) id() string { return string(s.e.key) + "|" + string(s.e.keyEnd) }
+func (s *setElem) id() string {
+	id := string(s.e.key) + "|" + string(s.e.keyEnd)
+	if s.e.intervalEnd {
+		id += "|end"
+	}
+	return id
+}
 
 // sameData reports whether two elements with the same key carry the same
 // data.
@@ -60,13 +66,73 @@ func (s *setElem) sameData(o *setElem) bool {
 // element stays while one of them needs it.
 func refcounted(set string) bool { return set == setHairpin || set == setClusterIPs }
 
-// svcObjs is the rendering of one service port.
+// svcObjs is the rendering of one service port. Its endpoint range and
+// hairpin elements are kept as what they derive from (slots and ranges),
+// a third of the memory of the elements themselves; elements() spells
+// them out.
 type svcObjs struct {
 	chains []chainObj
-	elems  []setElem
+	// fixed are the elements other than ranges and hairpin ones.
+	fixed []setElem
+	// ranges are the range sets of the endpoint groups.
+	ranges []rangeSpec
 	// slots are the endpoints of the internal and external groups, in
-	// index order.
+	// range order; aids their affinity ids (with session affinity only).
 	slots [2][]netip.AddrPort
+	aids  [2][]uint32
+}
+
+// rangeSpec is the range set of an endpoint group: the endpoints of
+// slots[group] under prefix in an endpoint map.
+type rangeSpec struct {
+	set    string
+	prefix []byte
+	group  uint8
+}
+
+// ownElems returns o's elements of sets that are not refcounted (see
+// eachRef for the others): the fixed ones and the ranges.
+func (o *svcObjs) ownElems() []setElem {
+	n := len(o.fixed)
+	for _, r := range o.ranges {
+		n += 2 * len(o.slots[r.group])
+	}
+	out := make([]setElem, 0, n)
+	for _, e := range o.fixed {
+		if !refcounted(e.set) {
+			out = append(out, e)
+		}
+	}
+	for i := range o.ranges {
+		r := &o.ranges[i]
+		for _, e := range appendRanges(nil, r, o.slots[r.group]) {
+			out = append(out, setElem{set: r.set, e: e})
+		}
+	}
+	return out
+}
+
+// appendRanges appends the elements of range set r over slots, in key
+// order: for each endpoint, the start of its range (with the endpoint as
+// data) and its end.
+func appendRanges(out []elem, r *rangeSpec, slots []netip.AddrPort) []elem {
+	starts := rangeStarts(len(slots))
+	// One allocation for all keys and values.
+	buf := make([]byte, 0, len(slots)*2*(prefixLen+4+20))
+	put := func(parts ...[]byte) []byte {
+		start := len(buf)
+		for _, p := range parts {
+			buf = append(buf, p...)
+		}
+		return buf[start:len(buf):len(buf)]
+	}
+	for i, ep := range slots {
+		a := ep.Addr().AsSlice()
+		out = append(out,
+			elem{key: put(r.prefix, positionKey(starts[i])), val: put(a, port(ep.Port()))},
+			elem{key: put(r.prefix, positionKey(starts[i+1])), intervalEnd: true})
+	}
+	return out
 }
 
 // renderer renders service ports for one family and configuration.
@@ -76,15 +142,14 @@ type renderer struct {
 	masqCluster  bool // chainMasqCluster exists
 	clusterCIDRs bool
 
+	masqAll bool
+
 	// Encoded constant rules.
 	jumpMasq, mark []byte
-	// templates caches encoded balancing rules per shape; see selectEnc.
-	templates map[tmplKey]*tmpl
 }
 
 func newRenderer(fi familyInfo, bit uint32, masqAll, clusterCIDRs bool) (*renderer, error) {
-	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs,
-		templates: map[tmplKey]*tmpl{}}
+	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll}
 	var err error
 	if r.jumpMasq, err = encodeExprs(fi.proto, rule{jump(chainMasqCluster)}); err != nil {
 		return nil, err
@@ -93,62 +158,6 @@ func newRenderer(fi familyInfo, bit uint32, masqAll, clusterCIDRs bool) (*render
 		return nil, err
 	}
 	return r, nil
-}
-
-// tmplKey is the shape of a balancing rule: everything but the group id.
-type tmplKey struct {
-	shard    uint32
-	n        int
-	affinity time.Duration
-}
-
-// tmpl is a balancing rule encoded with a placeholder group id, and where
-// the id goes.
-type tmpl struct {
-	enc  [][]byte
-	offs [][]int
-}
-
-// placeholder is the group id templates are encoded with. It never is a
-// real group id: those are allocated from 2 upwards.
-const placeholder = 0xfffffffe
-
-// selectEnc returns the encoded balancing rules of group (see
-// selectRules). Rules of one shape differ only in the group id, so they
-// are encoded once per shape and patched.
-func (r *renderer) selectEnc(group uint32, n int, t time.Duration) ([][]byte, error) {
-	k := tmplKey{shard: shardOf(group), n: n, affinity: t}
-	tp := r.templates[k]
-	if tp == nil {
-		rules := r.fi.selectRules(placeholder, k.shard, n, t)
-		tp = &tmpl{}
-		want := u32(placeholder)
-		for _, ru := range rules {
-			b, err := encodeExprs(r.fi.proto, ru)
-			if err != nil {
-				return nil, err
-			}
-			var offs []int
-			for i := 0; i+4 <= len(b); i++ {
-				if bytes.Equal(b[i:i+4], want) {
-					offs = append(offs, i)
-				}
-			}
-			tp.enc = append(tp.enc, b)
-			tp.offs = append(tp.offs, offs)
-		}
-		r.templates[k] = tp
-	}
-	out := make([][]byte, len(tp.enc))
-	id := u32(group)
-	for i, b := range tp.enc {
-		c := bytes.Clone(b)
-		for _, off := range tp.offs[i] {
-			copy(c[off:], id)
-		}
-		out[i] = c
-	}
-	return out, nil
 }
 
 // encode encodes the rules of c.
@@ -164,12 +173,20 @@ func (r *renderer) encode(c *chainObj) error {
 	return nil
 }
 
-// groupIDs returns the endpoint group ids of the service port with id id.
-func groupIDs(id uint32) (internal, external uint32) { return id * 2, id*2 + 1 }
+// prefixTaken reports whether another service port's range set has the
+// given prefix in set (see state.claim).
+type prefixTaken func(set string, prefix []byte) bool
 
 // service renders one service port with id id. prev is its previous
-// rendering, or nil.
-func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t *proxier.Targets, id uint32, prev *svcObjs) (*svcObjs, error) {
+// rendering, or nil. newAID allocates affinity ids; taken says which range
+// set prefixes other service ports hold.
+//
+// A group of endpoints is balanced from a shared chain when the packet's
+// destination names its range set (see tupleRule): cluster traffic, and
+// external traffic with policy Cluster, without session affinity. Other
+// groups get a chain of their own (svc-… for cluster traffic, ext-… for
+// external traffic).
+func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t *proxier.Targets, id uint32, prev *svcObjs, newAID func() uint32, taken prefixTaken) (*svcObjs, error) {
 	fi := &r.fi
 	if !sp.Protocol.Valid() {
 		return nil, fmt.Errorf("unsupported protocol %q", sp.Protocol)
@@ -181,7 +198,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		t = &proxier.Targets{}
 	}
 	o := &svcObjs{}
-	add := func(set string, e elem) { o.elems = append(o.elems, setElem{set: set, e: e}) }
+	add := func(set string, e elem) { o.fixed = append(o.fixed, setElem{set: set, e: e}) }
 
 	var clusterKey []byte
 	if sp.ClusterIP.IsValid() {
@@ -194,6 +211,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		clusterKey = fi.ipKey(sp.ClusterIP, sp.Protocol, sp.Port)
 		add(setClusterIPs, elem{key: fi.addr(sp.ClusterIP)})
 	}
+	var extAddrs []netip.Addr
 	var extKeys, lbKeys [][]byte
 	for i, a := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
 		if !fi.fam.Contains(a) {
@@ -207,6 +225,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			continue
 		}
 		extKeys = append(extKeys, k)
+		extAddrs = append(extAddrs, a)
 		if i >= len(sp.ExternalIPs) {
 			lbKeys = append(lbKeys, k)
 		}
@@ -235,12 +254,19 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	drop := &verdict{code: nfDrop}
 	internal := r.endpoints(t.Internal)
 	externalEps := r.endpoints(t.External)
+	for _, eps := range [][]netip.AddrPort{internal, externalEps} {
+		if len(eps) > randRange {
+			return nil, fmt.Errorf("%d endpoints, more than %d", len(eps), randRange)
+		}
+	}
 
 	svc, ext := svcChain(name), extChain(name)
-	gi, ge := groupIDs(id)
+	shard, _ := groupOf(id, 0)
+	epMap := endpointsMap(shard)
 	var prevSlots [2][]netip.AddrPort
+	var prevAIDs [2][]uint32
 	if prev != nil {
-		prevSlots = prev.slots
+		prevSlots, prevAIDs = prev.slots, prev.aids
 	}
 	affinity := time.Duration(0)
 	if sp.SessionAffinity {
@@ -257,32 +283,84 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 		return b
 	}
-	group := func(g uint32, which int, eps []netip.AddrPort) [][]byte {
+	goToV := func(chain string) *verdict { return &verdict{code: unix.NFT_GOTO, chain: chain} }
+
+	// Range set prefixes this service port uses; a prefix another
+	// service port (or this one, twice: an IPv6 hash collision) holds
+	// makes the group use a chain of its own.
+	used := map[string]bool{}
+	free := func(prefixes ...[]byte) bool {
+		seen := map[string]bool{}
+		for _, p := range prefixes {
+			if p == nil || used[string(p)] || seen[string(p)] || taken(epMap, p) {
+				return false
+			}
+			seen[string(p)] = true
+		}
+		return true
+	}
+	ranges := func(prefix []byte, which uint32) {
+		used[string(prefix)] = true
+		o.ranges = append(o.ranges, rangeSpec{set: epMap, prefix: prefix, group: uint8(which)})
+	}
+	slotsOf := func(which uint32, eps []netip.AddrPort) []netip.AddrPort {
 		slots := stableSlots(prevSlots[which], eps)
 		o.slots[which] = slots
-		for i, ep := range slots {
-			add(endpointsMap(shardOf(g)), elem{key: endpointKey(g, uint32(i)), val: fi.endpointVal(ep)})
-			if affinity > 0 {
-				add(setAffinityEndpoints, elem{key: concat(u32(g), fi.endpointVal(ep))})
+		return slots
+	}
+	// ownGroup balances a group from a chain of its own: its rules.
+	ownGroup := func(which uint32, slots []netip.AddrPort) [][]byte {
+		_, local := groupOf(id, which)
+		if affinity == 0 {
+			p := groupPrefix(local)
+			ranges(p, which)
+			return [][]byte{enc(fi.prefixRule(shard, p))}
+		}
+		// Keep the affinity ids of endpoints that stay.
+		old := map[netip.AddrPort]uint32{}
+		for i, ep := range prevSlots[which] {
+			if i < len(prevAIDs[which]) {
+				old[ep] = prevAIDs[which][i]
 			}
-			add(setHairpin, elem{key: concat(fi.addr(ep.Addr()), fi.addr(ep.Addr()))})
 		}
-		rules, err := r.selectEnc(g, len(slots), affinity)
-		if err != nil && encErr == nil {
-			encErr = err
+		aids := make([]uint32, len(slots))
+		for i, ep := range slots {
+			if aids[i] = old[ep]; aids[i] == 0 {
+				aids[i] = newAID()
+			}
 		}
-		return rules
+		o.aids[which] = aids
+		var out [][]byte
+		for _, ru := range fi.affinityRules(shard, aids, slots, affinity) {
+			out = append(out, enc(ru))
+		}
+		return out
 	}
 
+	// Cluster traffic.
+	var clusterPrefix []byte // the internal group's prefix, when shared
 	if len(internal) > 0 {
-		c := chainObj{name: svc}
-		if r.masqCluster {
-			c.enc = append(c.enc, r.jumpMasq)
+		slots := slotsOf(0, internal)
+		var p []byte
+		if clusterKey != nil && affinity == 0 {
+			if tp, ok := fi.tuplePrefix(sp.ClusterIP, sp.Protocol, sp.Port); ok && free(tp) {
+				p = tp
+			}
 		}
-		c.enc = append(c.enc, group(gi, 0, internal)...)
-		o.chains = append(o.chains, c)
-		if clusterKey != nil {
-			add(setServiceIPs, elem{key: clusterKey, verdict: &verdict{code: unix.NFT_GOTO, chain: svc}})
+		if p != nil {
+			clusterPrefix = p
+			ranges(p, 0)
+			add(setServiceIPs, elem{key: clusterKey, verdict: goToV(sharedChain(chainClusterPrefix, shard))})
+		} else {
+			c := chainObj{name: svc}
+			if r.masqCluster {
+				c.enc = append(c.enc, r.jumpMasq)
+			}
+			c.enc = append(c.enc, ownGroup(0, slots)...)
+			o.chains = append(o.chains, c)
+			if clusterKey != nil {
+				add(setServiceIPs, elem{key: clusterKey, verdict: goToV(svc)})
+			}
 		}
 	} else if clusterKey != nil {
 		add(setNoEndpointIPs, elem{key: clusterKey, verdict: drop})
@@ -295,13 +373,50 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		noEndpoints(add, nil, extKeys, npKey, drop)
 		return o, encErr
 	}
+	slots := slotsOf(1, externalEps)
+
+	// External traffic, policy Cluster, from the shared chains when every
+	// address's range set prefix is free.
+	if sp.ExternalPolicy != model.PolicyLocal && affinity == 0 {
+		var prefixes [][]byte
+		ok := true
+		for _, a := range extAddrs {
+			p, pok := fi.tuplePrefix(a, sp.Protocol, sp.Port)
+			ok = ok && pok
+			prefixes = append(prefixes, p)
+		}
+		var npPrefix []byte
+		if npKey != nil {
+			npPrefix = nodePortPrefix(sp.Protocol, sp.NodePort)
+			prefixes = append(prefixes, npPrefix)
+		}
+		if ok && free(prefixes...) {
+			for i, k := range extKeys {
+				ranges(prefixes[i], 1)
+				add(setServiceIPs, elem{key: k, verdict: goToV(sharedChain(chainExternalPrefix, shard))})
+			}
+			if npKey != nil {
+				ranges(npPrefix, 1)
+				add(setServiceNodePorts, elem{key: npKey, verdict: goToV(sharedChain(chainNodePortPrefix, shard))})
+			}
+			return o, encErr
+		}
+	}
+
 	c := chainObj{name: ext}
+	// toCluster ends a rule by balancing over the cluster endpoints.
+	toCluster := func(ru rule) []byte {
+		if clusterPrefix != nil {
+			return enc(append(ru, fi.prefixRule(shard, clusterPrefix)...))
+		}
+		return enc(append(ru, goTo(svc)))
+	}
 	if sp.ExternalPolicy != model.PolicyLocal {
 		c.enc = append(c.enc, r.mark)
 		if len(internal) > 0 && sameEndpoints(internal, externalEps) {
-			c.enc = append(c.enc, enc(rule{goTo(svc)}))
+			c.enc = append(c.enc, toCluster(nil))
 		} else {
-			c.enc = append(c.enc, group(ge, 1, externalEps)...)
+			c.enc = append(c.enc, ownGroup(1, slots)...)
 		}
 	} else {
 		if len(internal) > 0 {
@@ -309,19 +424,24 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			// addresses through its cluster endpoints, masquerading the
 			// node's own traffic (as kube-proxy does).
 			if r.clusterCIDRs {
-				c.enc = append(c.enc, enc(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false), goTo(svc)}))
+				ru := rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false)}
+				if clusterPrefix != nil && r.masqAll {
+					// What the cluster chain's mark-cluster-masquerade
+					// would do.
+					ru = append(ru, setMark(r.bit)...)
+				}
+				c.enc = append(c.enc, toCluster(ru))
 			}
-			fromNode := append(fibLocal(true, expr.CmpOpEq), setMark(r.bit)...)
-			c.enc = append(c.enc, enc(append(fromNode, goTo(svc))))
+			c.enc = append(c.enc, toCluster(append(fibLocal(true, expr.CmpOpEq), setMark(r.bit)...)))
 		}
-		c.enc = append(c.enc, group(ge, 1, externalEps)...)
+		c.enc = append(c.enc, ownGroup(1, slots)...)
 	}
 	o.chains = append(o.chains, c)
 	for _, k := range extKeys {
-		add(setServiceIPs, elem{key: k, verdict: &verdict{code: unix.NFT_GOTO, chain: ext}})
+		add(setServiceIPs, elem{key: k, verdict: goToV(ext)})
 	}
 	if npKey != nil {
-		add(setServiceNodePorts, elem{key: npKey, verdict: &verdict{code: unix.NFT_GOTO, chain: ext}})
+		add(setServiceNodePorts, elem{key: npKey, verdict: goToV(ext)})
 	}
 	return o, encErr
 }
@@ -369,6 +489,9 @@ func sameEndpoints(a, b []netip.AddrPort) bool {
 // a removed endpoint's index goes to the last one, new endpoints are
 // appended. A one-endpoint change thus touches at most two indexes.
 func stableSlots(prev, eps []netip.AddrPort) []netip.AddrPort {
+	if len(prev) == 0 {
+		return slices.Clone(eps)
+	}
 	want := make(map[netip.AddrPort]bool, len(eps))
 	for _, e := range eps {
 		want[e] = true

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"bytes"
 	"encoding/binary"
 	"log/slog"
 	"net/netip"
@@ -25,10 +26,21 @@ func testRenderer(t *testing.T, f model.IPFamily, clusterCIDRs bool) *renderer {
 	return r
 }
 
+// noneTaken is a prefixTaken with no other service ports.
+func noneTaken(string, []byte) bool { return false }
+
+// testAIDs returns an affinity id allocator.
+func testAIDs() func() uint32 {
+	next := uint32(0)
+	return func() uint32 { next++; return next }
+}
+
 // elemsOf returns the elements of set in o.
 func elemsOf(o *svcObjs, set string) []elem {
 	var out []elem
-	for _, e := range o.elems {
+	all := o.ownElems()
+	o.eachRef(func(set string, key []byte) { all = append(all, setElem{set: set, e: elem{key: bytes.Clone(key)}}) })
+	for _, e := range all {
 		if e.set == set {
 			out = append(out, e.e)
 		}
@@ -47,36 +59,38 @@ func chainNamesOf(o *svcObjs) []string {
 func TestRenderClusterIP(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080")
-	o, err := r.service(s.sp.Name, s.sp, s.t, 7, nil)
+	o, err := r.service(s.sp.Name, s.sp, s.t, 7, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := chainNamesOf(o); !slices.Equal(got, []string{"svc-default/web/tcp"}) {
+	// Balanced from the shared chain of its shard: no chain of its own.
+	if got := chainNamesOf(o); len(got) != 0 {
 		t.Fatalf("chains %v", got)
 	}
-	if n := len(o.chains[0].enc); n != 1 {
-		t.Fatalf("%d rules, want 1", n)
-	}
+	shard, _ := groupOf(7, 0)
 	disp := elemsOf(o, setServiceIPs)
-	if len(disp) != 1 || disp[0].verdict == nil || disp[0].verdict.chain != "svc-default/web/tcp" || disp[0].verdict.code != unix.NFT_GOTO {
+	if len(disp) != 1 || disp[0].verdict == nil || disp[0].verdict.chain != sharedChain(chainClusterPrefix, shard) || disp[0].verdict.code != unix.NFT_GOTO {
 		t.Fatalf("dispatch %+v", disp)
 	}
 	wantKey := []byte{10, 96, 0, 1, unix.IPPROTO_TCP, 0, 0, 0, 0, 80, 0, 0}
 	if !slices.Equal(disp[0].key, wantKey) {
 		t.Fatalf("dispatch key %v, want %v", disp[0].key, wantKey)
 	}
-	gi, _ := groupIDs(7)
-	eps := elemsOf(o, endpointsMap(shardOf(gi)))
-	if len(eps) != 2 {
+	// Two ranges, [0, 32767) and [32767, 65535), under the packet's own
+	// daddr . proto . dport.
+	eps := elemsOf(o, endpointsMap(shard))
+	wantPos := []uint32{0, 32767, 32767, 65535}
+	if len(eps) != 4 {
 		t.Fatalf("endpoints %v", eps)
 	}
 	for i, e := range eps {
-		if binary.NativeEndian.Uint32(e.key) != gi || binary.NativeEndian.Uint32(e.key[4:]) != uint32(i) {
-			t.Errorf("endpoint key %v", e.key)
+		want := concat(wantKey, positionKey(wantPos[i]))
+		if !slices.Equal(e.key, want) || e.intervalEnd != (i%2 == 1) {
+			t.Errorf("endpoint element %d: key %x end %v, want %x end %v", i, e.key, e.intervalEnd, want, i%2 == 1)
 		}
 	}
-	if !slices.Equal(eps[1].val, []byte{10, 0, 2, 2, 0x1f, 0x90, 0, 0}) {
-		t.Errorf("endpoint value %v", eps[1].val)
+	if !slices.Equal(eps[2].val, []byte{10, 0, 2, 2, 0x1f, 0x90, 0, 0}) {
+		t.Errorf("endpoint value %v", eps[2].val)
 	}
 	if n := len(elemsOf(o, setHairpin)); n != 2 {
 		t.Errorf("%d hairpin elements, want 2", n)
@@ -87,6 +101,50 @@ func TestRenderClusterIP(t *testing.T) {
 	if n := len(elemsOf(o, setNoEndpointIPs)); n != 0 {
 		t.Errorf("no-endpoint elements for a service with endpoints")
 	}
+
+	// With its prefix taken (an IPv6 hash collision), it gets a chain of
+	// its own, whose rule does not change with the endpoints either.
+	taken := func(string, []byte) bool { return true }
+	o, err = r.service(s.sp.Name, s.sp, s.t, 7, nil, testAIDs(), taken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := chainNamesOf(o); !slices.Equal(got, []string{"svc-default/web/tcp"}) || len(o.chains[0].enc) != 1 {
+		t.Fatalf("chains %v", got)
+	}
+	s3 := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")
+	o3, err := r.service(s3.sp.Name, s3.sp, s3.t, 7, o, testAIDs(), taken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(o3.chains[0].enc, o.chains[0].enc, bytes.Equal) {
+		t.Errorf("the balancing rule changed with the number of endpoints")
+	}
+	if n := len(elemsOf(o3, endpointsMap(shard))); n != 6 {
+		t.Errorf("%d range elements for 3 endpoints, want 6", n)
+	}
+}
+
+func TestJhashMatchesKernel(t *testing.T) {
+	// Values of the kernel's jhash(): lookup3 hashlittle() on a
+	// little-endian host, checked against Bob Jenkins' test vectors.
+	if !nativeLittle {
+		t.Skip("vectors are for little-endian hosts")
+	}
+	for _, v := range []struct {
+		in   string
+		seed uint32
+		want uint32
+	}{
+		{"", 0, 0xdeadbeef},
+		{"", 0xdeadbeef, 0xbd5b7dde},
+		{"Four score and seven years ago", 0, 0x17770551},
+		{"Four score and seven years ago", 1, 0xcd628161},
+	} {
+		if got := jhash([]byte(v.in), v.seed); got != v.want {
+			t.Errorf("jhash(%q, %#x) = %#x, want %#x", v.in, v.seed, got, v.want)
+		}
+	}
 }
 
 func TestRenderNoEndpoints(t *testing.T) {
@@ -94,7 +152,7 @@ func TestRenderNoEndpoints(t *testing.T) {
 	s := clusterSvc("empty", model.UDP, "10.96.0.2", 53)
 	s.sp.NodePort = 30053
 	s.sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
-	o, err := r.service(s.sp.Name, s.sp, s.t, 1, nil)
+	o, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,23 +173,27 @@ func TestRenderNoEndpoints(t *testing.T) {
 func TestRenderPolicies(t *testing.T) {
 	r := testRenderer(t, model.IPv4, true)
 	// Internal Local without local endpoints, external Cluster: cluster IP
-	// dropped, node port balanced with masquerade.
+	// dropped, node port balanced with masquerade from the shared chain.
 	s := clusterSvc("mixed", model.TCP, "10.96.0.3", 80)
 	s.sp.NodePort = 30080
 	s.sp.InternalPolicy = model.PolicyLocal
 	s.t = &proxier.Targets{HasEndpoints: true, External: eps("10.0.1.2:8080")}
-	o, err := r.service(s.sp.Name, s.sp, s.t, 2, nil)
+	o, err := r.service(s.sp.Name, s.sp, s.t, 2, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := chainNamesOf(o); !slices.Equal(got, []string{"ext-default/mixed/tcp"}) {
+	if got := chainNamesOf(o); len(got) != 0 {
 		t.Fatalf("chains %v", got)
 	}
 	if d := elemsOf(o, setNoEndpointIPs); len(d) != 1 || d[0].verdict.code != nfDrop {
 		t.Fatalf("cluster IP: %+v, want drop", d)
 	}
-	if !slices.Equal(o.chains[0].enc[0], r.mark) {
-		t.Errorf("external chain does not start by marking for masquerade")
+	shard, _ := groupOf(2, 0)
+	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].verdict.chain != sharedChain(chainNodePortPrefix, shard) {
+		t.Fatalf("node port: %+v, want goto %s", d, sharedChain(chainNodePortPrefix, shard))
+	}
+	if n := len(elemsOf(o, endpointsMap(shard))); n != 2 {
+		t.Errorf("%d range elements, want 2 (the node port's)", n)
 	}
 
 	// External Local without local endpoints: node port dropped.
@@ -139,34 +201,64 @@ func TestRenderPolicies(t *testing.T) {
 	s.sp.NodePort = 30081
 	s.sp.ExternalPolicy = model.PolicyLocal
 	s.t.External = nil
-	o, err = r.service(s.sp.Name, s.sp, s.t, 3, nil)
+	o, err = r.service(s.sp.Name, s.sp, s.t, 3, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := elemsOf(o, setNoEndpointPorts); len(d) != 1 || d[0].verdict.code != nfDrop {
 		t.Fatalf("node port: %+v, want drop", d)
 	}
-	if got := chainNamesOf(o); !slices.Equal(got, []string{"svc-default/local/tcp"}) {
+	if got := chainNamesOf(o); len(got) != 0 {
 		t.Fatalf("chains %v", got)
 	}
-	// The cluster chain masquerades traffic from outside the cluster.
-	if !slices.Equal(o.chains[0].enc[0], r.jumpMasq) {
-		t.Errorf("cluster chain does not jump to %s", chainMasqCluster)
+
+	// External Local with a local endpoint: a chain of its own, sending
+	// pods and the node to the cluster endpoints (the cluster IP's range
+	// set), others to the local one.
+	s = clusterSvc("local2", model.TCP, "10.96.0.5", 80, "10.0.1.2:8080", "10.0.2.2:8080")
+	s.sp.NodePort = 30082
+	s.sp.ExternalPolicy = model.PolicyLocal
+	s.t.External = eps("10.0.2.2:8080")
+	o, err = r.service(s.sp.Name, s.sp, s.t, 4, nil, testAIDs(), noneTaken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := chainNamesOf(o); !slices.Equal(got, []string{"ext-default/local2/tcp"}) || len(o.chains[0].enc) != 3 {
+		t.Fatalf("chains %v", got)
+	}
+	shard, local := groupOf(4, 1)
+	if n := len(elemsOf(o, endpointsMap(shard))); n != 4+2 {
+		t.Errorf("%d range elements, want 6", n)
+	}
+	wantOwn, err := encodeExprs(r.fi.proto, r.fi.prefixRule(shard, groupPrefix(local)))
+	if err != nil || !slices.Equal(o.chains[0].enc[2], wantOwn) {
+		t.Errorf("last rule does not balance over the local endpoints")
+	}
+
+	// The shared cluster chains masquerade traffic from outside the
+	// cluster.
+	for _, c := range r.fi.skeleton(DefaultMasqueradeBit, false, false, true) {
+		if c.name == sharedChain(chainClusterPrefix, 0) {
+			enc, err := encodeExprs(r.fi.proto, c.rules[0])
+			if err != nil || !slices.Equal(enc, r.jumpMasq) {
+				t.Errorf("cluster chain does not jump to %s", chainMasqCluster)
+			}
+		}
 	}
 }
 
 func TestRenderRejectsBadInput(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("v6", model.TCP, "fd00::1", 80, "10.0.1.2:80")
-	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil); err == nil {
+	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken); err == nil {
 		t.Error("IPv6 cluster IP in an IPv4 backend accepted")
 	}
 	s = clusterSvc("bad", "ICMP", "10.96.0.1", 80)
-	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil); err == nil {
+	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken); err == nil {
 		t.Error("bad protocol accepted")
 	}
 	s = clusterSvc(strings.Repeat("x", 300), model.TCP, "10.96.0.1", 80)
-	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil); err == nil {
+	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken); err == nil {
 		t.Error("over-long name accepted")
 	}
 }
@@ -263,12 +355,13 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 			t.Errorf("message for something else: %q", m)
 		}
 	}
-	// The service's rule is replaced (its modulus changed); one endpoint
-	// element and one hairpin element are added. Nothing else.
+	// No rule changes: the group's ranges are replaced (one more
+	// endpoint moves every boundary but the first) and one hairpin
+	// element is added. Nothing else.
+	shard, _ := groupOf(st.services[changed.sp.Name].id, 0)
 	want := []string{
-		name + ": flush chain svc-default/svc-00007/tcp/http",
-		name + ": add rule to chain svc-default/svc-00007/tcp/http",
-		name + ": add elements to " + endpointsMap(shardOf(st.services[changed.sp.Name].id*2)),
+		name + ": delete elements from " + endpointsMap(shard),
+		name + ": add elements to " + endpointsMap(shard),
 		"add elements to hairpin",
 	}
 	if !slices.Equal(msgs, want) {
@@ -276,14 +369,37 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	}
 	d.apply()
 
-	// Deleting a service removes its chain after its dispatch element.
+	// Deleting a service removes its dispatch element and its ranges.
 	svcs = slices.Delete(svcs, 7, 8)
 	_, tx, _, err = b.buildIncremental(request(model.IPv4, svcs, names(grown)), map[model.ServicePortName]error{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	msgs = messages(tx)
-	iDel := slices.Index(msgs, name+": delete chain svc-default/svc-00007/tcp/http")
+	for _, m := range []string{name + ": delete elements from " + setServiceIPs, name + ": delete elements from " + endpointsMap(shard)} {
+		if !slices.Contains(msgs, m) {
+			t.Errorf("no %q in:\n%s", m, strings.Join(msgs, "\n"))
+		}
+	}
+}
+
+// TestChainDeletedAfterDispatch: a chain's dispatch element goes before the chain.
+func TestChainDeletedAfterDispatch(t *testing.T) {
+	b := offlineBackend(t)
+	s := clusterSvc("sticky", model.TCP, "10.96.0.1", 80, "10.0.1.2:80")
+	s.sp.SessionAffinity = true
+	st, errs := b.buildFull(request(model.IPv4, []testSvc{s}, nil), true, nil)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	b.st = st
+	_, tx, _, err := b.buildIncremental(request(model.IPv4, nil, names(s)), map[model.ServicePortName]error{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := messages(tx)
+	name := s.sp.Name.String()
+	iDel := slices.Index(msgs, name+": delete chain svc-default/sticky/tcp")
 	iElem := slices.Index(msgs, name+": delete elements from "+setServiceIPs)
 	if iDel < 0 || iElem < 0 || iElem > iDel {
 		t.Errorf("delete order wrong:\n%s", strings.Join(msgs, "\n"))
@@ -309,7 +425,7 @@ func TestBatchSplitsElements(t *testing.T) {
 	tx := newBatch(unix.NFPROTO_IPV4, "t")
 	var els []elem
 	for i := range 20000 {
-		els = append(els, elem{key: endpointKey(2, uint32(i)), val: []byte{10, 0, 0, 1, 0, 80, 0, 0}})
+		els = append(els, elem{key: concat(groupPrefix(2), positionKey(uint32(i))), val: []byte{10, 0, 0, 1, 0, 80, 0, 0}})
 	}
 	tx.addElems(endpointsMap(0), els)
 	if tx.err != nil {

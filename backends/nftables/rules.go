@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/google/nftables/expr"
@@ -108,87 +109,106 @@ func masqueradeMarked(bit uint32) rule {
 	}
 }
 
-// copyReg copies n registers from src to dst.
-func copyReg(src, dst, n uint32) expr.Any {
-	ones := make([]byte, 4*n)
-	for i := range ones {
-		ones[i] = 0xff
-	}
-	return &expr.Bitwise{SourceRegister: src, DestRegister: dst, Len: 4 * n, Mask: ones, Xor: make([]byte, 4*n)}
-}
-
 func (fi *familyInfo) dnat(addr, port uint32) expr.Any {
 	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(fi.proto), RegAddrMin: addr, RegProtoMin: port, Specified: true}
 }
 
-// randomIndex writes a random index below n to r.
-func randomIndex(r uint32, n int) expr.Any {
-	if n > 1 {
-		return &expr.Numgen{Register: r, Modulus: uint32(n), Type: unix.NFT_NG_RANDOM}
-	}
-	return &expr.Immediate{Register: r, Data: u32(0)}
-}
-
-// selectRules balance over the n endpoints of group: a random index
-// below n, the endpoint at group . index in the group's endpoint map, DNAT
-// to it:
-//
-//	dnat to group . numgen random mod n map @endpoints-SHARD
-//
-// With affinity timeout t > 0 a first rule looks up the client's recorded
-// endpoint, checks that it still belongs to the group, refreshes the
-// record and DNATs to it; the balancing rule replaces the record.
-func (fi *familyInfo) selectRules(group, shard uint32, n int, t time.Duration) []rule {
+// pick ends a balancing rule whose first three registers hold a range set
+// prefix: a random position below randRange completes the key, the
+// endpoint map yields the endpoint whose range holds it, DNAT to it.
+func (fi *familyInfo) pick(shard uint32) rule {
 	a := fi.addrRegs()
-	eps, aff := endpointsMap(shard), affinityMap(shard)
-	id := func(r uint32) expr.Any { return &expr.Immediate{Register: r, Data: u32(group)} }
-	// reg 0: group, 1: index; 2..: endpoint addr . port.
-	pick := rule{
-		id(reg(0)),
-		randomIndex(reg(1), n),
-		&expr.Lookup{SourceRegister: reg(0), DestRegister: reg(2), IsDestRegSet: true, SetName: eps},
+	return rule{
+		&expr.Numgen{Register: reg(3), Modulus: randRange, Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: reg(0), DestRegister: reg(4), IsDestRegSet: true, SetName: endpointsMap(shard)},
+		fi.dnat(reg(4), reg(4+a)),
 	}
-	if t <= 0 {
-		return []rule{append(pick, fi.dnat(reg(2), reg(2+a)))}
-	}
-	// The affinity map's data is the whole record group . addr . port,
-	// so the check against affinity-endpoints reads one lookup's result
-	// (which nft can also print).
-	// reg 0: group, 1..: saddr; then 1..: the record; a+3..: group .
-	// saddr for the refresh.
-	hitKey := reg(a + 3)
-	hit := rule{
-		id(reg(0)),
-		fi.loadSaddr(reg(1)),
-		&expr.Lookup{SourceRegister: reg(0), DestRegister: reg(1), IsDestRegSet: true, SetName: aff},
-		lookup(setAffinityEndpoints, reg(1), false),
-		id(hitKey),
-		fi.loadSaddr(hitKey + 1),
-		&expr.Dynset{SrcRegKey: hitKey, SrcRegData: reg(1), SetName: aff,
-			Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: t},
-		fi.dnat(reg(2), reg(2+a)),
-	}
-	// reg 0: group, 1: index; 3..: endpoint, 2..: group . endpoint;
-	// a+4..: group . saddr.
-	missKey := reg(a + 4)
-	miss := rule{
-		id(reg(0)),
-		randomIndex(reg(1), n),
-		&expr.Lookup{SourceRegister: reg(0), DestRegister: reg(3), IsDestRegSet: true, SetName: eps},
-		id(reg(2)),
-		id(missKey),
-		fi.loadSaddr(missKey + 1),
-		// A map needs a data register even to delete.
-		&expr.Dynset{SrcRegKey: missKey, SrcRegData: reg(2), SetName: aff, Operation: nftDynsetOpDelete},
-		&expr.Dynset{SrcRegKey: missKey, SrcRegData: reg(2), SetName: aff,
-			Operation: unix.NFT_DYNSET_OP_ADD, Timeout: t},
-		fi.dnat(reg(3), reg(3+a)),
-	}
-	return []rule{hit, miss}
 }
 
-// nftDynsetOpDelete is NFT_DYNSET_OP_DELETE (Linux 5.13).
-const nftDynsetOpDelete = 2
+// tupleRule balances over the range set named by the packet's destination
+// (see tuplePrefix), for the shared chains of service addresses:
+//
+//	dnat to ip daddr . meta l4proto . th dport . numgen random mod 65535 map @endpoints-SHARD
+//	dnat to jhash ip6 daddr . meta l4proto . th dport mod 4294967295 seed 0x70726f78 . 0x0 . numgen random mod 65535 map @endpoints-SHARD
+//
+// No rule names a service or depends on its endpoints: adding or removing
+// endpoints changes map elements only (a changed rule would make the
+// kernel validate the whole table at commit).
+func (fi *familyInfo) tupleRule(shard uint32) rule {
+	key, _ := fi.ipKeyExprs()
+	r := append(rule{}, key...)
+	if fi.addrLen != 4 {
+		r = append(r,
+			&expr.Hash{SourceRegister: reg(0), DestRegister: reg(0), Length: 24, Modulus: hashModulus,
+				Seed: hashSeed, Type: expr.HashTypeJenkins},
+			&expr.Immediate{Register: reg(1), Data: make([]byte, 8)})
+	}
+	return append(r, fi.pick(shard)...)
+}
+
+// nodePortRule balances over the range set of the packet's node port:
+//
+//	dnat to 0xffffffff . meta l4proto . th dport . numgen random mod 65535 map @endpoints-SHARD
+func (fi *familyInfo) nodePortRule(shard uint32) rule {
+	r := rule{&expr.Immediate{Register: reg(0), Data: be32(tagNodePort)}, loadL4Proto(reg(1)), loadDport(reg(2))}
+	return append(r, fi.pick(shard)...)
+}
+
+// prefixRule balances over the range set with the given prefix, for the
+// chain of one service port:
+//
+//	dnat to PREFIX . numgen random mod 65535 map @endpoints-SHARD
+func (fi *familyInfo) prefixRule(shard uint32, prefix []byte) rule {
+	return append(rule{&expr.Immediate{Register: reg(0), Data: prefix}}, fi.pick(shard)...)
+}
+
+// affinityRules balance with session affinity over eps, whose affinity
+// ids are aids, recording clients in the shard's affinity set for t:
+//
+//	AID_i . ip saddr @affinity-SHARD update @affinity-SHARD { AID_i . ip saddr timeout T } dnat to EP_i   (each i)
+//	numgen random mod (n-i) 0 update @affinity-SHARD { AID_i . ip saddr timeout T } dnat to EP_i       (each i; the last without numgen)
+//
+// The first rules send a client with a record to its endpoint and refresh
+// the record; the others pick an endpoint uniformly (rule i matches with
+// probability 1/(n-i) of what reaches it) and record it. A removed
+// endpoint's rules go, so its records are never used again; endpoint ids
+// are never reused, so its records cannot pin clients to a successor.
+// Every expression's input is written by the same rule from the packet or
+// a constant, which is what nft can list.
+func (fi *familyInfo) affinityRules(shard uint32, aids []uint32, eps []netip.AddrPort, t time.Duration) []rule {
+	a := fi.addrRegs()
+	set := affinitySet(shard)
+	key := func(aid uint32) rule {
+		return rule{&expr.Immediate{Register: reg(0), Data: u32(aid)}, fi.loadSaddr(reg(1))}
+	}
+	update := &expr.Dynset{SrcRegKey: reg(0), SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: t}
+	to := func(ep netip.AddrPort) rule {
+		return rule{
+			&expr.Immediate{Register: reg(1 + a), Data: fi.addr(ep.Addr())},
+			&expr.Immediate{Register: reg(1 + 2*a), Data: port(ep.Port())[:2]},
+			fi.dnat(reg(1+a), reg(1+2*a)),
+		}
+	}
+	var rules []rule
+	for i, ep := range eps {
+		r := key(aids[i])
+		r = append(r, lookup(set, reg(0), false), update)
+		rules = append(rules, append(r, to(ep)...))
+	}
+	for i, ep := range eps {
+		var r rule
+		if left := len(eps) - i; left > 1 {
+			r = rule{
+				&expr.Numgen{Register: reg(0), Modulus: uint32(left), Type: unix.NFT_NG_RANDOM},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg(0), Data: u32(0)},
+			}
+		}
+		r = append(r, key(aids[i])...)
+		r = append(r, update)
+		rules = append(rules, append(r, to(ep)...))
+	}
+	return rules
+}
 
 func (fi *familyInfo) rejectRule() rule {
 	return rule{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: fi.portUnreach}}
@@ -238,6 +258,16 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 	case clusterCIDRs:
 		add(chainMasqCluster, nil,
 			append(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), true)}, setMark(bit)...))
+	}
+
+	for sh := range uint32(numShards) {
+		var cluster []rule
+		if masqAll || clusterCIDRs {
+			cluster = append(cluster, rule{jump(chainMasqCluster)})
+		}
+		add(sharedChain(chainClusterPrefix, sh), nil, append(cluster, fi.tupleRule(sh))...)
+		add(sharedChain(chainExternalPrefix, sh), nil, setMark(bit), fi.tupleRule(sh))
+		add(sharedChain(chainNodePortPrefix, sh), nil, setMark(bit), fi.nodePortRule(sh))
 	}
 
 	newCheck := append(ctStateNew(), jump(chainEndpointsCheck))

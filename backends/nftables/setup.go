@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -155,7 +154,7 @@ func (b *backend) probe() error {
 	}
 	// A sample service chain, with and without affinity.
 	tx.addChain("probe", nil)
-	for _, r := range slices.Concat(b.fi.selectRules(2, 0, 2, 0), b.fi.selectRules(2, 0, 2, time.Second)) {
+	for _, r := range b.fi.sampleServiceRules() {
 		enc, err := encodeExprs(b.fi.proto, r)
 		if err != nil {
 			return err
@@ -219,22 +218,22 @@ func (b *backend) features() []feature {
 		{"nft_ct", func(tx *batch) { rl(tx, "c", filterHook, ctStateNew()) }},
 		{"nft_fib", func(tx *batch) { rl(tx, "c", filterHook, fibLocal(false, expr.CmpOpEq)) }},
 		{"nft_reject", func(tx *batch) { rl(tx, "c", filterHook, fi.rejectRule()) }},
-		{"nft_numgen", func(tx *batch) { rl(tx, "c", nil, rule{randomIndex(reg(0), 2)}) }},
+		{"nft_numgen", func(tx *batch) {
+			rl(tx, "c", nil, rule{&expr.Numgen{Register: reg(0), Modulus: randRange, Offset: 1 << 16, Type: unix.NFT_NG_RANDOM}})
+		}},
 		{"nft_masq", func(tx *batch) {
 			rl(tx, "c", &hook{unix.NF_INET_POST_ROUTING, prioSNAT, "nat"}, rule{&expr.Masq{FullyRandom: true}})
 		}},
 		{"concatenated interval sets (nft_set_pipapo)", func(tx *batch) { set(tx, setFirewallAllow) }},
 		{"interval sets (nft_set_rbtree)", func(tx *batch) { set(tx, setClusterCIDRs) }},
-		{"maps with data registers and DNAT from registers (nft_nat)", func(tx *batch) {
+		{"interval maps with data registers and DNAT from registers (nft_nat)", func(tx *batch) {
 			set(tx, endpointsMap(0))
-			rl(tx, "c", natHook, fi.selectRules(2, 0, 2, 0)[0])
+			rl(tx, "c", natHook, fi.tupleRule(0))
 		}},
-		{"dynamic maps with timeouts and packet-path deletion (nft_dynset, Linux 5.13)", func(tx *batch) {
-			set(tx, endpointsMap(0))
-			set(tx, affinityMap(0))
-			set(tx, setAffinityEndpoints)
+		{"dynamic sets with timeouts (nft_dynset)", func(tx *batch) {
+			set(tx, affinitySet(0))
 			tx.addChain("c", natHook)
-			for _, r := range fi.selectRules(2, 0, 2, time.Second) {
+			for _, r := range fi.sampleServiceRules()[3:] {
 				enc, err := encodeExprs(fi.proto, r)
 				if err != nil {
 					tx.setErr(err)
@@ -264,6 +263,22 @@ func (b *backend) addSkeleton(tx *batch) error {
 		}
 	}
 	return nil
+}
+
+// sampleServiceRules returns the rules of a service chain: balancing, then
+// balancing with affinity over two endpoints.
+func (fi *familyInfo) sampleServiceRules() []rule {
+	eps := []netip.AddrPort{netip.AddrPortFrom(fi.sampleAddr(), 80), netip.AddrPortFrom(fi.sampleAddr(), 81)}
+	rules := []rule{fi.tupleRule(0), fi.nodePortRule(0), fi.prefixRule(0, groupPrefix(2))}
+	return append(rules, fi.affinityRules(0, []uint32{1, 2}, eps, time.Second)...)
+}
+
+// sampleAddr is an address of the family.
+func (fi *familyInfo) sampleAddr() netip.Addr {
+	if fi.addrLen == 4 {
+		return netip.AddrFrom4([4]byte{192, 0, 2, 1})
+	}
+	return netip.MustParseAddr("2001:db8::1")
 }
 
 func (b *backend) skeletonChains() []chainObj {

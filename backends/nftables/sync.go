@@ -1,12 +1,14 @@
 package nftables
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -27,6 +29,16 @@ type backend struct {
 	// st is what the kernel holds as of the last successful sync; nil
 	// when unknown (before the first sync, after Cleanup).
 	st *state
+	// last describes the last successful sync (benchmarks report it).
+	last syncStats
+}
+
+// syncStats describes one sync.
+type syncStats struct {
+	full            bool
+	render, kernel  time.Duration // building the batch; the kernel's commit
+	messages, bytes int
+	services        int
 }
 
 var _ proxier.Backend = (*backend)(nil)
@@ -41,7 +53,14 @@ func (b *backend) Family() model.IPFamily { return b.fi.fam }
 // sync never reads the kernel.
 type state struct {
 	services map[model.ServicePortName]*svcState
-	nextID   uint32
+	// nextID is the lowest service port id never used; free holds ids
+	// below it that are unused, oldest first. Ids are reused (they
+	// must stay below maxServiceID), but an incremental sync never
+	// reuses an id it frees.
+	nextID uint32
+	free   []uint32
+	// nextAID is the next affinity id. Affinity ids are never reused.
+	nextAID uint32
 	// refs counts the users of each element of a refcounted set.
 	refs map[string]map[string]int
 	// owners maps the dispatch keys (addresses, node ports, firewall
@@ -58,6 +77,7 @@ func newState() *state {
 	return &state{
 		services: map[model.ServicePortName]*svcState{},
 		nextID:   1,
+		nextAID:  1,
 		refs:     map[string]map[string]int{},
 		owners:   map[string]map[string]model.ServicePortName{},
 	}
@@ -76,6 +96,51 @@ func ownerSpace(set string) string {
 	}
 	return ""
 }
+
+// ownedKeys calls f with the space, key and set of each key o must hold
+// alone: its keys in owner spaces and the prefixes of its range sets. It
+// stops when f returns false.
+func (o *svcObjs) ownedKeys(f func(space, key, set string) bool) {
+	for i := range o.fixed {
+		e := &o.fixed[i]
+		if sp := ownerSpace(e.set); sp != "" && !f(sp, e.id(), e.set) {
+			return
+		}
+	}
+	for _, r := range o.ranges {
+		if !f(prefixSpace(r.set), string(r.prefix), r.set) {
+			return
+		}
+	}
+}
+
+// eachRef calls f with the set and key of each of o's elements of
+// refcounted sets (hairpin and cluster-ips). key is only valid during the
+// call.
+func (o *svcObjs) eachRef(f func(set string, key []byte)) {
+	for _, e := range o.fixed {
+		if refcounted(e.set) {
+			f(e.set, e.e.key)
+		}
+	}
+	var buf [32]byte
+	for _, slots := range o.slots {
+		for _, ep := range slots {
+			a := ep.Addr()
+			var k []byte
+			if a.Is4() {
+				v := a.As4()
+				k = append(append(buf[:0], v[:]...), v[:]...)
+			} else {
+				v := a.As16()
+				k = append(append(buf[:0], v[:]...), v[:]...)
+			}
+			f(setHairpin, k)
+		}
+	}
+}
+
+func prefixSpace(set string) string { return "prefix " + set }
 
 // Sync makes the kernel match req in one transaction.
 func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
@@ -130,6 +195,8 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 		err = b.conn.commit(tx)
 		if err == nil {
 			b.st = st
+			b.last = syncStats{full: true, render: built.Sub(start), kernel: time.Since(built),
+				messages: tx.Len(), bytes: tx.Size(), services: len(st.services)}
 			b.log.Info("full sync", "services", len(st.services), "messages", tx.Len(), "bytes", tx.Size(),
 				"recreated", recreate, "render", built.Sub(start), "kernel", time.Since(built))
 			return joinObjectErrors(objErrs, skip)
@@ -151,7 +218,33 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		st.nextID = old.nextID
 	}
 	errs := map[model.ServicePortName]error{}
-	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), compareNames) {
+	names := slices.SortedFunc(maps.Keys(req.State.Services), compareNames)
+	// Service ports that stay keep their ids; the others are free.
+	used := map[uint32]bool{}
+	for _, name := range names {
+		if o := old.services[name]; o != nil {
+			if _, ok := skip[name]; !ok {
+				used[o.id] = true
+			}
+		}
+	}
+	for id := uint32(1); id < st.nextID; id++ {
+		if !used[id] {
+			st.free = append(st.free, id)
+		}
+	}
+	st.nextAID = max(st.nextAID, old.nextAID)
+	// Sized for every endpoint, to spare rehashing.
+	eps := 0
+	for _, t := range req.Targets {
+		if t != nil {
+			eps += len(t.Internal) + len(t.External)
+		}
+	}
+	st.refs[setHairpin] = make(map[string]int, eps)
+	st.refs[setClusterIPs] = make(map[string]int, len(req.State.Services))
+	newAID := func() uint32 { st.nextAID++; return st.nextAID - 1 }
+	for _, name := range names {
 		if _, ok := skip[name]; ok {
 			continue
 		}
@@ -160,15 +253,17 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		if o := old.services[name]; o != nil {
 			id, prev = o.id, o.objs
 		} else {
-			id = st.nextID
-			st.nextID++
+			id = st.allocID()
 		}
-		objs, err := b.r.service(name, req.State.Services[name], req.Targets[name], id, prev)
+		objs, err := b.r.service(name, req.State.Services[name], req.Targets[name], id, prev, newAID, st.taken(name))
 		if err == nil {
 			err = st.claim(name, objs, nil)
 		}
 		if err != nil {
 			errs[name] = err
+			if prev == nil {
+				st.free = append(st.free, id)
+			}
 			continue
 		}
 		st.services[name] = &svcState{id: id, objs: objs}
@@ -177,10 +272,21 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 	return st, errs
 }
 
+// allocID returns an unused service port id: the oldest free one, else a
+// new one.
+func (st *state) allocID() uint32 {
+	if len(st.free) > 0 {
+		id := st.free[0]
+		st.free = st.free[1:]
+		return id
+	}
+	st.nextID++
+	return st.nextID - 1
+}
+
 // fullBatch builds the transaction that makes the kernel hold st.
 func (b *backend) fullBatch(st *state, recreate, perService bool) (*batch, error) {
-	// About 1 KiB per service port with ten endpoints.
-	tx := newBatchSize(b.fi.proto, b.cfg.TableName, 64<<10+len(st.services)*1200)
+	tx := newBatchSize(b.fi.proto, b.cfg.TableName, estimateBatch(st))
 	tx.addTable()
 	if recreate {
 		tx.delTable()
@@ -250,49 +356,114 @@ func (b *backend) fullBatch(st *state, recreate, perService bool) (*batch, error
 	}
 	tx.forService(nil)
 
-	// Elements, grouped per set.
-	count := map[string]int{}
-	for _, n := range names {
-		for _, e := range st.services[n].objs.elems {
-			count[e.set]++
-		}
+	// Elements, grouped per set. Range sets are spelled out at the end,
+	// in key order, straight into the batch.
+	bySet := map[string][]elem{}
+	type rangeRef struct {
+		r     *rangeSpec
+		slots []netip.AddrPort
 	}
-	bySet := make(map[string][]elem, len(count))
-	for set, c := range count {
-		bySet[set] = make([]elem, 0, c)
-	}
+	rangesBySet := map[string][]rangeRef{}
 	for _, e := range b.staticElems() {
 		bySet[e.set] = append(bySet[e.set], e.e)
 	}
 	for _, n := range names {
-		own := map[string][]elem{}
-		for _, e := range st.services[n].objs.elems {
-			if refcounted(e.set) {
-				continue
-			}
-			if perService {
+		o := st.services[n].objs
+		if perService {
+			own := map[string][]elem{}
+			for _, e := range o.ownElems() {
 				own[e.set] = append(own[e.set], e.e)
-			} else {
+			}
+			for _, op := range grouped(&n, own) {
+				tx.forService(op.svc)
+				tx.addElems(op.set, op.elems)
+			}
+			continue
+		}
+		for _, e := range o.fixed {
+			if !refcounted(e.set) {
 				bySet[e.set] = append(bySet[e.set], e.e)
 			}
 		}
-		for _, op := range grouped(&n, own) {
-			tx.forService(op.svc)
-			tx.addElems(op.set, op.elems)
+		for i := range o.ranges {
+			r := &o.ranges[i]
+			rangesBySet[r.set] = append(rangesBySet[r.set], rangeRef{r: r, slots: o.slots[r.group]})
 		}
 	}
 	tx.forService(nil)
 	for set, keys := range st.refs {
-		for _, k := range slices.Sorted(maps.Keys(keys)) {
-			bySet[set] = append(bySet[set], elem{key: []byte(strings.TrimSuffix(k, "|"))})
+		bySet[set] = slices.Grow(bySet[set], len(keys))
+		for k := range keys {
+			bySet[set] = append(bySet[set], elem{key: []byte(k)})
 		}
 	}
+	var buf []elem
 	for _, s := range specs {
 		if len(bySet[s.name]) > 0 {
+			if s.interval {
+				sortElems(bySet[s.name])
+			}
 			tx.addElems(s.name, bySet[s.name])
+		}
+		refs := rangesBySet[s.name]
+		slices.SortFunc(refs, func(a, b rangeRef) int { return bytes.Compare(a.r.prefix, b.r.prefix) })
+		for _, ref := range refs {
+			buf = appendRanges(buf, ref.r, ref.slots)
+			if len(buf) >= 4096 {
+				tx.addElems(s.name, buf)
+				buf = buf[:0]
+			}
+		}
+		if len(buf) > 0 {
+			tx.addElems(s.name, buf)
+			buf = buf[:0]
 		}
 	}
 	return tx, nil
+}
+
+// estimateBatch returns about the size of the full batch of st, so that
+// the buffer is allocated once (growing a 30 MB buffer costs page faults
+// over and over).
+func estimateBatch(st *state) int {
+	n := 256 << 10 // the skeleton
+	for _, s := range st.services {
+		o := s.objs
+		n += len(o.fixed) * 64
+		for _, c := range o.chains {
+			n += 128
+			for _, r := range c.enc {
+				n += len(r) + 64
+			}
+		}
+		for _, r := range o.ranges {
+			n += 2 * len(o.slots[r.group]) * 40
+		}
+	}
+	for _, m := range st.refs {
+		n += len(m) * 32
+	}
+	return n + n/8
+}
+
+// sortElems orders the elements of an interval set by key, an interval
+// end before a start at the same key. The kernel's rbtree checks each
+// insertion for overlaps by walking from its neighbours past elements
+// deleted in the same transaction: in key order, after a flush, that walk
+// is short; in any other order it crosses the whole flushed set.
+func sortElems(els []elem) {
+	slices.SortFunc(els, func(a, b elem) int {
+		if c := bytes.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		if a.intervalEnd != b.intervalEnd {
+			if a.intervalEnd {
+				return -1
+			}
+			return 1
+		}
+		return bytes.Compare(a.keyEnd, b.keyEnd)
+	})
 }
 
 func (b *backend) ensureEncoded(c *chainObj) error {
@@ -320,37 +491,48 @@ func (st *state) chainNames() []string {
 	return slices.Concat(ext, svc)
 }
 
-// claim records name as the owner of the dispatch keys of objs. It fails,
-// claiming nothing, if another service port holds one of them. released
-// holds keys freed in the same sync (nil: none).
+// claim records name as the owner of the dispatch keys and range set
+// prefixes of objs. It fails, claiming nothing, if another service port
+// holds one of them. released holds keys freed in the same sync (nil:
+// none).
 func (st *state) claim(name model.ServicePortName, objs *svcObjs, released map[string]map[string]bool) error {
-	for _, e := range objs.elems {
-		sp := ownerSpace(e.set)
-		if sp == "" {
-			continue
+	var err error
+	objs.ownedKeys(func(sp, k, set string) bool {
+		if o, ok := st.owners[sp][k]; ok && o != name && !released[sp][k] {
+			err = fmt.Errorf("%s is already used by %s", describeKey(set), o)
+			return false
 		}
-		if o, ok := st.owners[sp][e.id()]; ok && o != name && !released[sp][e.id()] {
-			return fmt.Errorf("%s is already used by %s", describeKey(e.set), o)
-		}
+		return true
+	})
+	if err != nil {
+		return err
 	}
-	for _, e := range objs.elems {
-		if sp := ownerSpace(e.set); sp != "" {
-			if st.owners[sp] == nil {
-				st.owners[sp] = map[string]model.ServicePortName{}
-			}
-			st.owners[sp][e.id()] = name
+	objs.ownedKeys(func(sp, k, _ string) bool {
+		if st.owners[sp] == nil {
+			st.owners[sp] = map[string]model.ServicePortName{}
 		}
-	}
+		st.owners[sp][k] = name
+		return true
+	})
 	return nil
+}
+
+// taken returns a prefixTaken for name: prefixes another service port holds.
+func (st *state) taken(name model.ServicePortName) prefixTaken {
+	return func(set string, prefix []byte) bool {
+		o, ok := st.owners[prefixSpace(set)][string(prefix)]
+		return ok && o != name
+	}
 }
 
 // release drops name's claims on the keys of objs.
 func (st *state) release(name model.ServicePortName, objs *svcObjs) {
-	for _, e := range objs.elems {
-		if sp := ownerSpace(e.set); sp != "" && st.owners[sp][e.id()] == name {
-			delete(st.owners[sp], e.id())
+	objs.ownedKeys(func(sp, k, _ string) bool {
+		if st.owners[sp][k] == name {
+			delete(st.owners[sp], k)
 		}
-	}
+		return true
+	})
 }
 
 func describeKey(set string) string {
@@ -365,19 +547,18 @@ func describeKey(set string) string {
 
 // use adds d to the reference counts of objs' shared elements.
 func (st *state) use(objs *svcObjs, d int) {
-	for _, e := range objs.elems {
-		if !refcounted(e.set) {
-			continue
-		}
-		m := st.refs[e.set]
+	objs.eachRef(func(set string, key []byte) {
+		m := st.refs[set]
 		if m == nil {
 			m = map[string]int{}
-			st.refs[e.set] = m
+			st.refs[set] = m
 		}
-		if m[e.id()] += d; m[e.id()] <= 0 {
-			delete(m, e.id())
+		if n := m[string(key)] + d; n > 0 {
+			m[string(key)] = n
+		} else {
+			delete(m, string(key))
 		}
-	}
+	})
 }
 
 // dropRejected adds the service ports a failed transaction names to skip.
