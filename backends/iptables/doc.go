@@ -28,26 +28,30 @@
 // [proxier.Backend.Cleanup]. The jumps are inserted once, when missing,
 // and kept.
 //
-// A full sync (the first one, the periodic one, and any after a failure)
-// rewrites every chain of ours in one restore run and deletes those no
-// longer needed, whatever an earlier process left. A partial sync rewrites
-// only the chains of the changed service ports and adds or deletes their
-// rules in the shared dispatch chains, computed from state kept in memory:
-// its input grows with the change, not with the number of services. Each
-// partial sync first deletes and re-adds the one rule of a canary chain in
-// every table; when that fails, someone flushed our chains (a firewall
-// reload), and the backend resyncs everything at once.
+// A complete rewrite (the first sync of a process, any sync after a
+// failure, and a full request once per [Config.RewriteInterval]) writes
+// every chain of ours in one restore run and deletes those no longer
+// needed, whatever an earlier process left. A partial sync rewrites only
+// the chains of the changed service ports and adds or deletes their rules
+// in the shared dispatch chains, computed from state kept in memory: its
+// input grows with the change, not with the number of services. A full
+// request between rewrites compares every service port with that state
+// and checks the jumps from the built-in chains, in the same single run.
+// Every partial input first deletes and re-adds the one rule of a canary
+// chain in each table it writes; when that fails, someone flushed our
+// chains (a firewall reload), and the backend rewrites everything at once.
 //
 // iptables-restore commits each table atomically, so a failed run leaves
 // the failing table as it was. When the program names a line written for
 // a service port, that port keeps its previous rules (or is left out),
 // the run is repeated without it, and the sync reports a
 // [*proxier.ObjectError] for it; any other failure fails the sync and the
-// next one is full. Established connections survive a restart: the new
+// next one rewrites everything. Established connections survive a restart: the new
 // process rewrites the chains in place and conntrack keeps its entries.
 //
-// Programs run on a locked OS thread inside the configured namespace, one
-// exec per sync (plus a few checks of the built-in chains on full syncs).
+// Programs run on a locked OS thread inside the configured namespace: one
+// iptables-restore per sync, none when nothing changed (and iptables -C
+// and -I when a jump from a built-in chain is missing).
 // Two backends, of the same or of different namespaces, can live in one
 // process: the package has no global state.
 package iptables

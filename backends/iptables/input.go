@@ -16,6 +16,7 @@ const (
 	spanFixed   spanKind = iota // table headers, fixed chains, stale chains
 	spanService                 // a service port's chains and rules
 	spanCanary                  // the canary check of a partial sync
+	spanJump                    // the check of a jump from a built-in chain
 )
 
 // span is a range of input lines [start, end) written for one object.

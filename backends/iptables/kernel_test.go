@@ -257,7 +257,7 @@ func TestKernelCanaryFlushResync(t *testing.T) {
 	// nothing but the canary checks; a deleted jump is put back.
 	e.exec("iptables-nft", "-w", "-t", "nat", "-D", "OUTPUT", "-m", "comment", "--comment", "proxykit service portals", "-j", "PROXYKIT-SERVICES")
 	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, nil))
-	if b.last.full || b.last.lines != 8 {
+	if b.last.full || b.last.lines != 8+len(b.r.jumps()) {
 		t.Fatalf("a full request with the canary intact: %+v", b.last)
 	}
 	if got := e.answers(node, "10.96.2.1:80"); got != p11.Name {
@@ -474,4 +474,18 @@ func TestNewInvalidConfig(t *testing.T) {
 	if _, err := NewBackend(Config{}, 5); err == nil {
 		t.Error("family 5 accepted")
 	}
+}
+
+// onlyObjectErrors reports whether err holds [*proxier.ObjectError]s only.
+func onlyObjectErrors(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if _, ok := e.(*proxier.ObjectError); !ok {
+				return false
+			}
+		}
+		return true
+	}
+	_, ok := err.(*proxier.ObjectError)
+	return ok
 }

@@ -42,7 +42,6 @@ const (
 	chCanary    = "CANARY"    // holds one rule; its absence means we were flushed
 	// nat
 	chPostrouting = "POSTROUTING"  // masquerades marked packets
-	chMarkMasq    = "MARK-MASQ"    // sets the masquerade bit
 	chMarkOutside = "MARK-OUTSIDE" // marks sources outside several cluster CIDRs
 	// filter
 	chExternal = "EXTERNAL-SERVICES" // external IP, LB IP and node port rejects and drops

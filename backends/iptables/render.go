@@ -51,9 +51,13 @@ type rendering [numTables]*tableRules
 
 // renderer renders service ports for one family and configuration.
 type renderer struct {
-	fam         model.IPFamily
-	n           names
-	bit         string // the masquerade bit, "0x4000"
+	fam model.IPFamily
+	n   names
+	bit string // the masquerade bit, "0x4000"
+	// markRule sets the masquerade bit. It is written inline rather than
+	// as a jump to a chain (kube-proxy's KUBE-MARK-MASQ): nf_tables
+	// validates every jump again on each commit.
+	markRule    string
 	masqAll     bool
 	cidrs       []netip.Prefix // the family's cluster CIDRs
 	hostBits    string         // "/32" or "/128"
@@ -69,6 +73,7 @@ type renderer struct {
 func newRenderer(cfg Config, fam model.IPFamily, n names, randomFully bool) *renderer {
 	r := &renderer{fam: fam, n: n, bit: fmt.Sprintf("%#x", cfg.MasqueradeBit), masqAll: cfg.MasqueradeAll,
 		hostBits: "/32", randomFully: randomFully}
+	r.markRule = "-j MARK --or-mark " + r.bit
 	loopback := "127.0.0.0/8"
 	if fam == model.IPv6 {
 		r.hostBits, loopback = "/128", "::1/128"
@@ -211,12 +216,12 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 		sep := r.n.sep(name, ep.String())
 		seps[ep] = sep
-		dnat := pm
+		dnat := "-p " + proto
 		if affinity > 0 {
 			dnat += " -m recent --name " + sep + " --set"
 		}
 		nat.chains = append(nat.chains, chainRules{name: sep, rules: []string{
-			"-s " + ep.Addr().String() + r.hostBits + " -j " + r.n.fixed(chMarkMasq),
+			"-s " + ep.Addr().String() + r.hostBits + " " + r.markRule,
 			dnat + " -j DNAT --to-destination " + ep.String(),
 		}})
 	}
@@ -245,9 +250,9 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		var masq []string
 		switch {
 		case r.masqAll:
-			masq = []string{"-j " + r.n.fixed(chMarkMasq)}
+			masq = []string{r.markRule}
 		case len(r.cidrs) == 1:
-			masq = []string{"! -s " + r.cidrs[0].String() + " -j " + r.n.fixed(chMarkMasq)}
+			masq = []string{"! -s " + r.cidrs[0].String() + " " + r.markRule}
 		case len(r.cidrs) > 1:
 			masq = []string{"-j " + r.n.fixed(chMarkOutside)}
 		}
@@ -274,7 +279,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	extChain := chainRules{name: ext}
 	useXLB := true
 	if sp.ExternalPolicy != model.PolicyLocal {
-		extChain.rules = append(extChain.rules, "-j "+r.n.fixed(chMarkMasq))
+		extChain.rules = append(extChain.rules, r.markRule)
 		if hasSVC && sameEndpoints(internal, externalEps) {
 			extChain.rules = append(extChain.rules, "-j "+svc)
 			useXLB = false
@@ -287,7 +292,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			extChain.rules = append(extChain.rules, "-s "+p.String()+" -j "+svc)
 		}
 		extChain.rules = append(extChain.rules,
-			"-m addrtype --src-type LOCAL -j "+r.n.fixed(chMarkMasq),
+			"-m addrtype --src-type LOCAL "+r.markRule,
 			"-m addrtype --src-type LOCAL -j "+svc)
 	}
 	if useXLB {
@@ -381,14 +386,13 @@ func (r *renderer) fixedChains(t table) (chains []chainRules, tail []sharedRule)
 				"-j MARK --xor-mark " + r.bit,
 				comment(strings.ToLower(r.n.prefix)+" service traffic requiring SNAT") + " " + masq,
 			}},
-			{name: f(chMarkMasq), rules: []string{"-j MARK --or-mark " + r.bit}},
 		}
 		if !r.masqAll && len(r.cidrs) > 1 {
 			c := chainRules{name: f(chMarkOutside)}
 			for _, p := range r.cidrs {
 				c.rules = append(c.rules, "-s "+p.String()+" -j RETURN")
 			}
-			c.rules = append(c.rules, "-j "+f(chMarkMasq))
+			c.rules = append(c.rules, r.markRule)
 			chains = append(chains, c)
 		}
 		chains = append(chains, canary)
@@ -412,9 +416,7 @@ func (r *renderer) fixedChains(t table) (chains []chainRules, tail []sharedRule)
 
 // sharedTarget reports whether per-service chains jump to the fixed chain
 // name, which must therefore exist before them.
-func (r *renderer) sharedTarget(name string) bool {
-	return name == r.n.fixed(chMarkMasq) || name == r.n.fixed(chMarkOutside)
-}
+func (r *renderer) sharedTarget(name string) bool { return name == r.n.fixed(chMarkOutside) }
 
 // canaryRule is the one rule of the canary chains. A partial sync deletes
 // and re-adds it first thing in each table: when the chain or the rule is
@@ -427,6 +429,23 @@ type jump struct {
 	table table
 	chain string
 	rule  []string
+}
+
+// restoreArgs writes rule arguments as a restore input does, quoting
+// those with spaces.
+func restoreArgs(args []string) string {
+	var b strings.Builder
+	for i, a := range args {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		if strings.ContainsAny(a, " \t") {
+			b.WriteString(`"` + a + `"`)
+		} else {
+			b.WriteString(a)
+		}
+	}
+	return b.String()
 }
 
 // jumps returns the rules the backend keeps in the built-in chains.

@@ -105,8 +105,8 @@ func TestRenderClusterIP(t *testing.T) {
 	for _, e := range []string{"10.0.1.2", "10.0.2.2", "10.0.3.2"} {
 		want = append(want,
 			"nat :"+sep(e+":8080"),
-			"nat "+sep(e+":8080")+" -s "+e+"/32 -j PROXYKIT-MARK-MASQ",
-			"nat "+sep(e+":8080")+" -p tcp -m tcp -j DNAT --to-destination "+e+":8080")
+			"nat "+sep(e+":8080")+" -s "+e+"/32 -j MARK --or-mark 0x4000",
+			"nat "+sep(e+":8080")+" -p tcp -j DNAT --to-destination "+e+":8080")
 	}
 	want = append(want,
 		"nat :"+svc,
@@ -147,7 +147,7 @@ func TestRenderPolicies(t *testing.T) {
 		rd := mustRender(t, r, s)
 		ext := chainsOfKind(rd, kindEXT)
 		svc := r.n.chain(kindSVC, r.n.serviceHash(s.sp.Name))
-		if len(ext) != 1 || !slices.Equal(ext[0].rules, []string{"-j PROXYKIT-MARK-MASQ", "-j " + svc}) {
+		if len(ext) != 1 || !slices.Equal(ext[0].rules, []string{"-j MARK --or-mark 0x4000", "-j " + svc}) {
 			t.Fatalf("EXT chain %+v", ext)
 		}
 		if len(chainsOfKind(rd, kindXLB)) != 0 {
@@ -159,7 +159,7 @@ func TestRenderPolicies(t *testing.T) {
 			t.Errorf("no node port rule: %v", rd[tNAT].shared)
 		}
 		// Cluster traffic from outside the cluster CIDR is masqueraded.
-		if c := chainsOfKind(rd, kindSVC); c[0].rules[0] != "! -s 10.0.0.0/16 -j PROXYKIT-MARK-MASQ" {
+		if c := chainsOfKind(rd, kindSVC); c[0].rules[0] != "! -s 10.0.0.0/16 -j MARK --or-mark 0x4000" {
 			t.Errorf("SVC chain %v", c[0].rules)
 		}
 	})
@@ -173,7 +173,7 @@ func TestRenderPolicies(t *testing.T) {
 		h := r.n.serviceHash(s.sp.Name)
 		svc, xlb := r.n.chain(kindSVC, h), r.n.chain(kindXLB, h)
 		ext := chainsOfKind(rd, kindEXT)
-		want := []string{"-s 10.0.0.0/16 -j " + svc, "-m addrtype --src-type LOCAL -j PROXYKIT-MARK-MASQ",
+		want := []string{"-s 10.0.0.0/16 -j " + svc, "-m addrtype --src-type LOCAL -j MARK --or-mark 0x4000",
 			"-m addrtype --src-type LOCAL -j " + svc, "-j " + xlb}
 		if len(ext) != 1 || !slices.Equal(ext[0].rules, want) {
 			t.Fatalf("EXT chain %+v, want %v", ext, want)
@@ -276,7 +276,7 @@ func TestRenderMasquerade(t *testing.T) {
 		first string
 	}{
 		{"none", Config{}, "-m statistic"},
-		{"all", Config{Config: proxier.Config{MasqueradeAll: true}}, "-j PROXYKIT-MARK-MASQ"},
+		{"all", Config{Config: proxier.Config{MasqueradeAll: true}}, "-j MARK --or-mark 0x4000"},
 		{"two CIDRs", Config{Config: proxier.Config{ClusterCIDRs: two}}, "-j PROXYKIT-MARK-OUTSIDE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -299,7 +299,7 @@ func TestRenderMasquerade(t *testing.T) {
 			post = &chains[i]
 		}
 	}
-	if outside == nil || !slices.Equal(outside.rules, []string{"-s 10.0.0.0/16 -j RETURN", "-s 10.1.0.0/16 -j RETURN", "-j PROXYKIT-MARK-MASQ"}) {
+	if outside == nil || !slices.Equal(outside.rules, []string{"-s 10.0.0.0/16 -j RETURN", "-s 10.1.0.0/16 -j RETURN", "-j MARK --or-mark 0x100"}) {
 		t.Errorf("MARK-OUTSIDE %+v", outside)
 	}
 	if post == nil || post.rules[0] != "-m mark ! --mark 0x100/0x100 -j RETURN" || !strings.HasSuffix(post.rules[2], "-j MASQUERADE --random-fully") {
@@ -315,7 +315,7 @@ func TestRenderIPv6(t *testing.T) {
 	got := strings.Join(lines(rd), "\n")
 	for _, want := range []string{
 		"-d fd00:96::1/128 -p sctp -m sctp --dport 7777",
-		"-s fd00:1::2/128 -j PROXYKIT-MARK-MASQ",
+		"-s fd00:1::2/128 -j MARK --or-mark 0x4000",
 		"-j DNAT --to-destination [fd00:1::2]:8082",
 	} {
 		if !strings.Contains(got, want) {
@@ -372,7 +372,7 @@ func TestPartialInput(t *testing.T) {
 	svcs = append(svcs, empty)
 	full := request(model.IPv4, svcs, nil)
 	b.st.svcs = wantOf(t, b, full, full.Changed)
-	fullIn := b.fullRuns(b.st.svcs, [numTables][]string{}, 0)[0]
+	fullIn := b.fullSections(b.st.svcs, [numTables][]string{}, 0, [numTables]jumpMode{})[0]
 
 	// One endpoint more for one service, and the empty service gains one.
 	grown := svcs[50]
@@ -447,10 +447,10 @@ func TestFullInput(t *testing.T) {
 	a.sp.NodePort = 30080
 	z := clusterSvc("z", model.UDP, "10.96.0.2", 53)
 	req := request(model.IPv4, []testSvc{a, z}, nil)
-	in := b.fullRuns(wantOf(t, b, req, req.Changed), [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, 0)[0]
+	in := b.fullSections(wantOf(t, b, req, req.Changed), [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, 0, [numTables]jumpMode{})[0]
 	text := string(in.b)
 	nat, filter, _ := strings.Cut(text, "COMMIT\n")
-	for _, c := range []string{"SERVICES", "NODEPORTS", "POSTROUTING", "MARK-MASQ", "CANARY"} {
+	for _, c := range []string{"SERVICES", "NODEPORTS", "POSTROUTING", "CANARY"} {
 		if !strings.Contains(nat, ":PROXYKIT-"+c+" - [0:0]\n") {
 			t.Errorf("nat lacks %s", c)
 		}
@@ -536,29 +536,30 @@ COMMIT
 	}
 }
 
-func TestFullRunsChunked(t *testing.T) {
-	b := offlineBackend(t, model.IPv4, Config{})
+func TestFullSectionsChunked(t *testing.T) {
+	two := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16"), netip.MustParsePrefix("10.1.0.0/16")}
+	b := offlineBackend(t, model.IPv4, Config{Config: proxier.Config{ClusterCIDRs: two}})
 	svcs := scaleServices(300, 10)
 	req := request(model.IPv4, svcs, nil)
 	want := wantOf(t, b, req, req.Changed)
 	const chunk = 500
-	runs := b.fullRuns(want, [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, chunk)
-	if len(runs) < 5 {
-		t.Fatalf("%d runs", len(runs))
+	secs := b.fullSections(want, [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, chunk, [numTables]jumpMode{})
+	if len(secs) < 5 {
+		t.Fatalf("%d sections", len(secs))
 	}
-	// The first run makes the chains every service's chains jump to.
-	if pre := string(runs[0].b); !strings.Contains(pre, ":PROXYKIT-MARK-MASQ - [0:0]\n-A PROXYKIT-MARK-MASQ -j MARK --or-mark 0x4000\n") {
-		t.Fatalf("first run:\n%s", pre)
+	// The first section makes the chains every service's chains jump to.
+	if pre := string(secs[0].b); !strings.Contains(pre, ":PROXYKIT-MARK-OUTSIDE - [0:0]\n-A PROXYKIT-MARK-OUTSIDE -s 10.0.0.0/16 -j RETURN\n") {
+		t.Fatalf("first section:\n%s", pre)
 	}
 	declared := map[string]int{}
-	for _, in := range runs[1 : len(runs)-1] {
+	for _, in := range secs[1 : len(secs)-1] {
 		text := string(in.b)
 		if !strings.HasPrefix(text, "*nat\n") || strings.Count(text, "COMMIT\n") != 1 || strings.Contains(text, "PROXYKIT-SERVICES") {
-			t.Fatalf("chunk run:\n%.500s", text)
+			t.Fatalf("chunk section:\n%.500s", text)
 		}
 		n := strings.Count(text, "\n:")
 		if n > chunk+12 {
-			t.Errorf("a run declares %d chains", n)
+			t.Errorf("a section declares %d chains", n)
 		}
 		for _, l := range strings.Split(text, "\n") {
 			if strings.HasPrefix(l, ":") {
@@ -573,9 +574,9 @@ func TestFullRunsChunked(t *testing.T) {
 			}
 		}
 	}
-	// The last run holds the dispatch rules, targets in descending
+	// The last section holds the dispatch rules, targets in descending
 	// order, the node port jump last, and the stale chain's deletion.
-	last := string(runs[len(runs)-1].b)
+	last := string(secs[len(secs)-1].b)
 	var targets []string
 	for _, l := range strings.Split(last, "\n") {
 		if strings.HasPrefix(l, "-A PROXYKIT-SERVICES ") {
@@ -585,17 +586,17 @@ func TestFullRunsChunked(t *testing.T) {
 	if len(targets) != 301 || targets[300] != "PROXYKIT-NODEPORTS" || !slices.IsSortedFunc(targets[:300], func(a, b string) int { return strings.Compare(b, a) }) {
 		t.Errorf("dispatch targets %v", targets)
 	}
-	if strings.Contains(last, "PROXYKIT-MARK-MASQ - [0:0]") || !strings.Contains(last, "-X PROXYKIT-SVC-GONE\nCOMMIT\n*filter") {
-		t.Errorf("last run:\n%.2000s", last)
+	if strings.Contains(last, "PROXYKIT-MARK-OUTSIDE - [0:0]") || !strings.Contains(last, "-X PROXYKIT-SVC-GONE\nCOMMIT\n*filter") {
+		t.Errorf("last section:\n%.2000s", last)
 	}
 	// Lines map back through the joined input.
-	data, starts := joinRuns(runs)
+	data, starts := joinSections(secs)
 	if starts[len(starts)-1] != strings.Count(string(data), "\n") {
 		t.Fatalf("line count %d", starts[len(starts)-1])
 	}
-	in := runs[2]
+	in := secs[2]
 	sp, ok := in.lookup(3)
 	if !ok || sp.kind != spanService || !slices.Contains(in.svcs, sp.svc) {
-		t.Errorf("line 3 of run 2 maps to %+v", sp)
+		t.Errorf("line 3 of section 2 maps to %+v", sp)
 	}
 }
