@@ -15,14 +15,17 @@ import (
 	"github.com/proxykit/proxykit/model"
 )
 
-// conntrackHook deletes stale UDP and SCTP flows after each sync.
+// conntrackHook deletes stale UDP and SCTP flows after each sync, and the
+// untranslated TCP SYNs left to service addresses that have just been
+// programmed.
 type conntrackHook struct {
 	log     *slog.Logger
 	handle  *netlink.Handle
 	cleaner *conntrack.Cleaner
 	deleted prometheus.Counter
-	// last programmed connectionless ports per family, so flows to a
-	// deleted service can still be found.
+	// last programmed ports per family, so flows to a deleted service can
+	// still be found and a TCP address that is new can be told from one
+	// already programmed.
 	last map[model.IPFamily]map[model.ServicePortName]*model.ServicePort
 }
 
@@ -54,13 +57,18 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 		sp := req.State.Services[name]
 		if sp == nil {
 			if old := last[name]; old != nil {
-				addFrontends(valid, old, nil, nil) // deleted: nothing is valid
+				if old.Protocol.Connectionless() {
+					addFrontends(valid, old, nil, nil) // deleted: nothing is valid
+				}
 				delete(last, name)
 			}
 			return
 		}
 		if !sp.Protocol.Connectionless() {
-			delete(last, name)
+			if old := last[name]; old != sp {
+				addAppeared(valid, old, sp)
+			}
+			last[name] = sp
 			return
 		}
 		var internal, external []*model.Endpoint
@@ -122,6 +130,34 @@ func addFrontends(valid conntrack.Valid, sp *model.ServicePort, internal, extern
 	}
 	if sp.NodePort != 0 {
 		add(fe(netip.Addr{}, sp.NodePort), external)
+	}
+}
+
+// addAppeared adds the TCP frontends (service addresses, not node ports)
+// that sp has and old, which may be nil, had not: the untranslated SYNs
+// sent to them before they were programmed are to be deleted.
+func addAppeared(valid conntrack.Valid, old, sp *model.ServicePort) {
+	had := map[netip.Addr]bool{}
+	if old != nil && old.Port == sp.Port {
+		had[old.ClusterIP] = true
+		for _, ip := range old.ExternalIPs {
+			had[ip] = true
+		}
+		for _, ip := range old.LoadBalancerIPs {
+			had[ip] = true
+		}
+	}
+	add := func(ip netip.Addr) {
+		if ip.IsValid() && !had[ip] {
+			valid.Add(conntrack.Frontend{Addr: netip.AddrPortFrom(ip, sp.Port), Protocol: sp.Protocol}, netip.AddrPort{})
+		}
+	}
+	add(sp.ClusterIP)
+	for _, ip := range sp.ExternalIPs {
+		add(ip)
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		add(ip)
 	}
 }
 

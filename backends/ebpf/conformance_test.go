@@ -53,6 +53,8 @@ func TestConformanceSocketOnly(t *testing.T) {
 		"ClusterIP-SCTPInitDelivery-FromPod":  "SCTP is left to the nftables rules (the probe uses raw sockets, which the socket hooks do not see)",
 		"UDP-StaleConntrackAfterEndpointChange": "without the nftables rules, connect of a UDP socket to a service without endpoints fails with ECONNREFUSED " +
 			"(the case keeps a socket from before the first endpoint); and the case also probes from the client",
+		"TCP-ConnectBeforeService": "the socket hooks translate at connect(): a socket that connected before the service existed keeps " +
+			"retransmitting its SYN to the service address, which only the composed nftables rules translate",
 	}
 	for _, c := range []string{
 		"NodePort-FromClient", "ExternalIP-FromClient", "LoadBalancerIP-FromClient", "LoadBalancerIP-ProxyModeIgnored",

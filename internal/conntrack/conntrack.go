@@ -12,7 +12,7 @@ import (
 	"github.com/proxykit/proxykit/model"
 )
 
-// Frontend is one address a connectionless service is reached on.
+// Frontend is one address a service is reached on.
 type Frontend struct {
 	// Addr is the service address and port (cluster IP, external IP or
 	// load-balancer IP). For a node port it is the invalid address with
@@ -23,6 +23,16 @@ type Frontend struct {
 }
 
 // Valid is the set of endpoints each frontend may still reply from.
+//
+// A connectionless (UDP, SCTP) frontend in Valid loses every flow whose
+// reply does not come from one of its endpoints. A TCP frontend is one
+// that has just been programmed: it loses only the flows that were never
+// translated and never answered (SYN_SENT with the reply expected from the
+// frontend itself). Such a flow comes from a SYN sent before the service's
+// rules existed; while it lives, the client's retransmissions of that SYN
+// bypass NAT and are rejected or lost, for up to the 120 s SYN_SENT
+// timeout. Established TCP flows are never touched, and a TCP frontend's
+// endpoint set is ignored.
 type Valid map[Frontend]map[netip.AddrPort]struct{}
 
 // Add records that fe may reply from ep.
@@ -48,7 +58,9 @@ func New(h *netlink.Handle) *Cleaner { return &Cleaner{h: h} }
 
 // Clean deletes every UDP and SCTP flow of family whose original
 // destination is a frontend in valid and whose reply source is not one of
-// that frontend's valid endpoints. It returns how many flows it deleted.
+// that frontend's valid endpoints, and every untranslated, unanswered TCP
+// flow to a TCP frontend in valid (see [Valid]). It returns how many flows
+// it deleted.
 func (c *Cleaner) Clean(family model.IPFamily, valid Valid) (int, error) {
 	if len(valid) == 0 {
 		return 0, nil
@@ -94,6 +106,10 @@ func Stale(f *netlink.ConntrackFlow, valid Valid, nodePorts map[Frontend]bool) b
 	dst, rsrc = dst.Unmap(), rsrc.Unmap()
 	orig := netip.AddrPortFrom(dst, f.Forward.DstPort)
 	reply := netip.AddrPortFrom(rsrc, f.Reverse.SrcPort)
+	if proto == model.TCP {
+		_, fresh := valid[Frontend{Addr: orig, Protocol: proto}]
+		return fresh && reply == orig && synSent(f)
+	}
 	if eps, ok := valid[Frontend{Addr: orig, Protocol: proto}]; ok {
 		_, keep := eps[reply]
 		return !keep
@@ -106,8 +122,21 @@ func Stale(f *netlink.ConntrackFlow, valid Valid, nodePorts map[Frontend]bool) b
 	return false
 }
 
+// TCP states of nf_conntrack_tcp that mean "SYN sent, nothing answered".
+const (
+	tcpConntrackSynSent  = 1
+	tcpConntrackSynSent2 = 9
+)
+
+func synSent(f *netlink.ConntrackFlow) bool {
+	info, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP)
+	return ok && (info.State == tcpConntrackSynSent || info.State == tcpConntrackSynSent2)
+}
+
 func protocolOf(p uint8) (model.Protocol, bool) {
 	switch p {
+	case unix.IPPROTO_TCP:
+		return model.TCP, true
 	case unix.IPPROTO_UDP:
 		return model.UDP, true
 	case unix.IPPROTO_SCTP:

@@ -63,6 +63,7 @@ var cases = []testCase{
 
 	// Connection tracking.
 	{name: "UDP-StaleConntrackAfterEndpointChange", run: udpStaleConntrack},
+	{name: "TCP-ConnectBeforeService", run: tcpConnectBeforeService},
 
 	// Topology.
 	{name: "Topology-ZoneHints", run: topologyZoneHints},

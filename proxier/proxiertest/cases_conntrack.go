@@ -1,6 +1,8 @@
 package proxiertest
 
 import (
+	"time"
+
 	"github.com/proxykit/proxykit/internal/testnet"
 )
 
@@ -59,5 +61,26 @@ func (e *env) queryReaches(from *testnet.Host, s *testnet.UDPSocket, want *testn
 	}
 	if r.Outcome != testnet.Answered || r.Server != want.Name {
 		e.t.Errorf("%s (UDP from %s): %v; want an answer from %s", from.Name, s.LocalAddr(), r, want.Name)
+	}
+}
+
+// tcpConnectBeforeService: a client whose first SYN to a cluster IP left
+// before the service was programmed gets through once it is. The kernel
+// retransmits the SYN (after 1 s, then 3 s) with the same addresses and
+// ports; the unanswered, untranslated conntrack entry the first SYN left
+// must not capture the retransmissions, or the connection fails until
+// that entry times out (120 s). Checked from a pod.
+func tcpConnectBeforeService(e *env) {
+	p11 := e.pod(1, 1)
+	svc := e.service("early", ports(tcpPort("http", 80, 8080)))
+	e.start()
+	from := &e.pod(1, 3).Host
+	to := e.clusterIP(svc, 80)
+	done := make(chan testnet.Result, 1)
+	go func() { done <- from.TCP(to, 10*time.Second) }()
+	time.Sleep(300 * time.Millisecond) // the first SYN has left
+	e.apply(svc, e.slicesFor(svc, ready(p11)))
+	if r := <-done; r.Outcome != testnet.Answered || r.Server != p11.Name {
+		e.t.Errorf("%s -> %s, connecting since before the service existed: %v; want an answer from %s", from.Name, to, r, p11.Name)
 	}
 }
