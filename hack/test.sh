@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Privileged tests (network namespaces, real
 # kernel dataplanes) need root; run this with sudo. Installs the few Debian
-# packages the tests use to inspect the kernel if they are missing.
+# packages the tests use to inspect the kernel if they are missing, and
+# the control plane of the end-to-end tests (hack/testcluster/build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,10 @@ else
 		apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 	fi
+	# The end-to-end tests (./e2e) run a real etcd and kube-apiserver:
+	# etcd-server from apt, kube-apiserver built once into
+	# /var/cache/proxykit (~8 min the first time, reused afterwards).
+	hack/testcluster/build.sh >/dev/null
 fi
 
 go test -count=1 -timeout 25m "$@" ./...
