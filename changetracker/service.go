@@ -15,6 +15,12 @@ import (
 // proxy implementation; see [Config.ServiceProxyName].
 const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
+// AnnotationScheduler is the Service annotation that asks for a
+// load-balancing algorithm other than the proxier's, e.g. an IPVS
+// scheduler ("sh" for source hashing); it becomes
+// [model.ServicePort.Scheduler], trimmed and lower-cased.
+const AnnotationScheduler = "proxykit.io/scheduler"
+
 // defaultAffinityTimeout is the session affinity timeout of a ClientIP
 // Service that does not set one.
 const defaultAffinityTimeout = time.Duration(v1.DefaultClientIPServiceAffinitySeconds) * time.Second
@@ -174,6 +180,9 @@ func (t *Tracker) servicePorts(svc *v1.Service) []*model.ServicePort {
 	}
 	if p := spec.InternalTrafficPolicy; p != nil && *p == v1.ServiceInternalTrafficPolicyLocal {
 		base.InternalPolicy = model.PolicyLocal
+	}
+	if v, ok := svc.Annotations[AnnotationScheduler]; ok {
+		base.Scheduler = strings.ToLower(strings.TrimSpace(v))
 	}
 	if d := spec.TrafficDistribution; d != nil {
 		switch *d {
@@ -408,5 +417,6 @@ func servicePortEqual(a, b *model.ServicePort) bool {
 		a.ExternalPolicy == b.ExternalPolicy &&
 		a.InternalPolicy == b.InternalPolicy &&
 		a.TrafficDistribution == b.TrafficDistribution &&
-		a.HealthCheckNodePort == b.HealthCheckNodePort
+		a.HealthCheckNodePort == b.HealthCheckNodePort &&
+		a.Scheduler == b.Scheduler
 }

@@ -214,6 +214,12 @@ func TestServiceConversion(t *testing.T) {
 			p.LoadBalancerSourceRanges = prefixes("9.9.9.0/24")
 		})},
 	}, {
+		name: "scheduler annotation, trimmed and lower-cased",
+		svc: svc("a", func(s *v1.Service) {
+			s.Annotations = map[string]string{AnnotationScheduler: " SH "}
+		}),
+		want: want{tcp: sp(tcp, 80, func(p *model.ServicePort) { p.Scheduler = "sh" })},
+	}, {
 		name: "session affinity without config uses the default timeout",
 		svc:  svc("a", with(func(s *v1.ServiceSpec) { s.SessionAffinity = v1.ServiceAffinityClientIP })),
 		want: want{tcp: sp(tcp, 80, affinity(10800*time.Second))},
@@ -382,6 +388,8 @@ func TestServicePortEqualCoversAllFields(t *testing.T) {
 			*v = "Other"
 		case *model.TrafficDistribution:
 			*v = "Other"
+		case *string:
+			*v += "other"
 		default:
 			t.Fatalf("field %s: type %s not handled by this test", typ.Field(i).Name, f.Type())
 		}

@@ -144,6 +144,13 @@ type ServicePort struct {
 	// HealthCheckNodePort is the node port serving the health check of an
 	// externalTrafficPolicy Local load balancer, or 0.
 	HealthCheckNodePort uint16
+	// Scheduler is the load-balancing algorithm the service asks for, in
+	// lower case (with Kubernetes sources: the proxykit.io/scheduler
+	// annotation), or empty for the proxier's own. Its values are the
+	// backend's: the IPVS backend takes an IPVS scheduler name ("rr",
+	// "lc", "sh", "mh", ...). A backend that does not know the value
+	// uses its default and says so in its log.
+	Scheduler string
 }
 
 // ExternallyAccessible reports whether the port is reachable from outside

@@ -359,3 +359,30 @@ func TestKernelSchedulers(t *testing.T) {
 		t.Errorf("StrictARP: arp_ignore=%q (%v)", v, err)
 	}
 }
+
+// TestKernelServiceScheduler: a service's scheduler (annotation
+// proxykit.io/scheduler) overrides the proxier's in the kernel, a change
+// of it is applied by an incremental sync, and an unknown one falls back
+// to the proxier's.
+func TestKernelServiceScheduler(t *testing.T) {
+	e := newKernelEnv(t, model.IPv4)
+	p11, p21, from := e.tn.Node1.Pods[0], e.tn.Node2.Pods[0], e.tn.Node1.Pods[2]
+	b := e.backend(Config{})
+	base := clusterSvc("web", model.TCP, e.vip(1), 80, e.ep(p11, 8080), e.ep(p21, 8080))
+	for i, c := range []struct{ annotated, want string }{{"sh", "sh"}, {"mh", "mh"}, {"", "rr"}, {"fifo", "rr"}} {
+		s := base.with(func(sp *model.ServicePort) { sp.Scheduler = c.annotated })
+		req := request(model.IPv4, []svc{s})
+		req.Full = i == 0
+		e.sync(b, req)
+		kvs, err := b.ipvs.list()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kvs) != 1 || kvs[0].Sched != c.want {
+			t.Errorf("scheduler %q: kernel holds %+v, want scheduler %s", c.annotated, kvs, c.want)
+		}
+		if r := from.TCP(netip.AddrPortFrom(netip.MustParseAddr(e.vip(1)), 80), probeTimeout); r.Outcome != testnet.Answered {
+			t.Errorf("scheduler %q: %v", c.annotated, r)
+		}
+	}
+}

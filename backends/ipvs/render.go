@@ -3,6 +3,7 @@ package ipvs
 import (
 	"cmp"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -109,11 +110,26 @@ type renderer struct {
 	scheduler  string
 	nodeAddrs  []netip.Addr // addresses node ports open on, sorted
 	affinityTO time.Duration
+	log        *slog.Logger // nil: unknown schedulers are not logged
 }
 
-// schedulerFor returns the scheduler of a service port: the proxier's.
-// A per-service override needs the model to carry it; see README.md.
-func (r *renderer) schedulerFor(*model.ServicePort) string { return r.scheduler }
+// schedulerFor returns the scheduler of a service port: the one the
+// Service asks for (annotation proxykit.io/scheduler) when it is one of
+// [Schedulers], else the proxier's. An unknown one is logged and ignored,
+// so a typo does not take the service down.
+func (r *renderer) schedulerFor(sp *model.ServicePort) string {
+	if sp.Scheduler == "" || sp.Scheduler == r.scheduler {
+		return r.scheduler
+	}
+	if slices.Contains(Schedulers, sp.Scheduler) {
+		return sp.Scheduler
+	}
+	if r.log != nil {
+		r.log.Warn("unknown IPVS scheduler asked for by the service, using the proxier's",
+			"service", sp.Name.String(), "scheduler", sp.Scheduler, "using", r.scheduler, "known", strings.Join(Schedulers, ","))
+	}
+	return r.scheduler
+}
 
 // render computes what one service port needs. It fails for a port it
 // cannot program (an address of another family, an invalid protocol).

@@ -192,3 +192,24 @@ func TestSchedulerValidation(t *testing.T) {
 		t.Errorf("defaults: %+v", d)
 	}
 }
+
+func TestServiceScheduler(t *testing.T) {
+	for _, c := range []struct{ annotated, want string }{{"", "rr"}, {"rr", "rr"}, {"sh", "sh"}, {"mh", "mh"}, {"fifo", "rr"}} {
+		s := clusterSvc("web", model.TCP, "10.96.0.1", 80).with(func(sp *model.ServicePort) {
+			sp.Scheduler = c.annotated
+			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.10")}
+		})
+		o, err := testRenderer(model.IPv4).render(s.sp, s.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(o.VS) != 2 {
+			t.Fatalf("%q: %d virtual servers, want 2", c.annotated, len(o.VS))
+		}
+		for _, vs := range o.VS {
+			if vs.Sched != c.want {
+				t.Errorf("scheduler %q: virtual server %v has %q, want %q", c.annotated, vs.Key, vs.Sched, c.want)
+			}
+		}
+	}
+}

@@ -77,7 +77,7 @@ func (b *backend) plan(req *proxier.SyncRequest, full bool) (*state, *change, er
 	} else {
 		nodeAddrs = b.st.nodeAddrs
 	}
-	r := &renderer{fam: b.fi.fam, scheduler: b.cfg.Scheduler, nodeAddrs: nodeAddrs, affinityTO: DefaultAffinityTimeout}
+	r := &renderer{fam: b.fi.fam, scheduler: b.cfg.Scheduler, nodeAddrs: nodeAddrs, affinityTO: DefaultAffinityTimeout, log: b.log}
 	st := b.st
 	if full {
 		st = newState()
