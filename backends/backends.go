@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/proxykit/proxykit/backends/iptables"
+	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -23,6 +24,11 @@ var registry = map[string]Constructor{
 	},
 	"iptables": func(cfg proxier.Config) (proxier.Proxier, error) {
 		return iptables.New(iptables.Config{Config: cfg})
+	},
+	// Fails with an error matching proxier.ErrNotSupported on a kernel
+	// without IPVS.
+	"ipvs": func(cfg proxier.Config) (proxier.Proxier, error) {
+		return ipvs.New(ipvs.Config{Config: cfg})
 	},
 }
 

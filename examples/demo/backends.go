@@ -18,9 +18,12 @@ import (
 type lister func(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error
 
 // backend is one dataplane the demo can run: every backend of the
-// backends package, with the listings the demo knows for it.
+// backends package, and eBPF, with the listings the demo knows for each.
 type backend struct {
 	name string
+	// start builds the proxier; release, when not nil, undoes what start
+	// set up besides it, after the proxier is closed.
+	start func(cfg proxier.Config, topo *testnet.Topology) (p proxier.Proxier, release func() error, err error)
 	// show prints the decoded summary; nil when the demo has none.
 	show lister
 	// raw prints the dataplane tool's own listing (--nft); may be nil.
@@ -32,18 +35,34 @@ type backend struct {
 var listers = map[string]struct{ show, raw lister }{
 	"nftables": {show: showNftables, raw: rawNftables},
 	"iptables": {show: showIptables, raw: rawIptables},
+	"ebpf":     {show: showEBPF, raw: rawNftTable("proxykit-ebpf")},
+	"ipvs":     {show: showIPVS},
 }
 
-func (b backend) new(cfg proxier.Config) (proxier.Proxier, error) {
-	return backends.New(b.name, cfg)
-}
+// ebpfName is the eBPF backend, which the backends package does not
+// register: it needs a cgroup to attach to, which the demo makes (see
+// newEBPF).
+const ebpfName = "ebpf"
 
-func backendNames() []string { return backends.Names() }
+func backendNames() []string {
+	names := append(backends.Names(), ebpfName)
+	slices.Sort(names)
+	return names
+}
 
 func lookupBackend(name string) (backend, error) {
-	if !slices.Contains(backends.Names(), name) {
-		return backend{}, fmt.Errorf("unknown backend %q (available: %s)", name, strings.Join(backends.Names(), ", "))
+	if !slices.Contains(backendNames(), name) {
+		return backend{}, fmt.Errorf("unknown backend %q (available: %s)", name, strings.Join(backendNames(), ", "))
 	}
 	l := listers[name]
-	return backend{name: name, show: l.show, raw: l.raw}, nil
+	b := backend{name: name, show: l.show, raw: l.raw}
+	if name == ebpfName {
+		b.start = newEBPF
+	} else {
+		b.start = func(cfg proxier.Config, _ *testnet.Topology) (proxier.Proxier, func() error, error) {
+			p, err := backends.New(name, cfg)
+			return p, nil, err
+		}
+	}
+	return b, nil
 }

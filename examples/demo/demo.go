@@ -130,9 +130,12 @@ func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 		MinSyncInterval: 100 * time.Millisecond,
 		Logger:          log,
 	}
-	p, err := be.new(cfg)
+	p, release, err := be.start(cfg, topo)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", o.backend, err)
+	}
+	if release != nil {
+		defer func() { err = errors.Join(err, release()) }()
 	}
 	v := newView(p)
 	runCtx, stopRun := context.WithCancel(ctx)

@@ -26,14 +26,22 @@ import (
 // maps and the endpoints their packets may be DNATed to. Only tables that
 // hold a service are shown.
 func showNftables(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
-	return eachTable(node, func(famName string, tl *table) error {
-		fmt.Fprintf(w, "\nWhat nftables programmed in node1 (table %s %s, read back over netlink):\n", famName, nftables.DefaultTableName)
-		tl.print(w, name)
-		if _, err := exec.LookPath("nft"); err == nil {
-			fmt.Fprintf(w, "  (all of it: --nft; or with --keep, sudo ip netns exec %s nft list table %s %s)\n", node.NS.Name(), famName, nftables.DefaultTableName)
-		}
-		return nil
-	})
+	return showNftTable(nftables.DefaultTableName)(ctx, w, node, name)
+}
+
+// showNftTable returns the lister of showNftables for the tables called
+// tableName.
+func showNftTable(tableName string) lister {
+	return func(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+		return eachTable(node, tableName, func(famName string, tl *table) error {
+			fmt.Fprintf(w, "\nWhat nftables programmed in node1 (table %s %s, read back over netlink):\n", famName, tableName)
+			tl.print(w, name)
+			if _, err := exec.LookPath("nft"); err == nil {
+				fmt.Fprintf(w, "  (all of it: --nft; or with --keep, sudo ip netns exec %s nft list table %s %s)\n", node.NS.Name(), famName, tableName)
+			}
+			return nil
+		})
+	}
 }
 
 // rawNftables prints `nft list table` of the backend's tables that hold a
@@ -41,31 +49,39 @@ func showNftables(ctx context.Context, w io.Writer, node *testnet.Node, name fun
 // aborted on the backend's earlier session-affinity rules), it prints the
 // decoded summary instead.
 func rawNftables(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
-	if _, err := exec.LookPath("nft"); err != nil {
-		fmt.Fprintln(w, "\n(the nft program is not installed; reading the table over netlink instead)")
-		return showNftables(ctx, w, node, name)
-	}
-	return eachTable(node, func(famName string, tl *table) error {
-		text, err := node.Exec(ctx, "nft", "list", "table", famName, nftables.DefaultTableName)
-		if err != nil {
-			why := firstLine(err.Error())
-			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-				why = ee.String()
-			}
-			fmt.Fprintf(w, "\n(`nft list table %s %s` failed: %s. Reading the table over netlink instead.)\n", famName, nftables.DefaultTableName, why)
-			fmt.Fprintf(w, "\nWhat nftables programmed in node1 (table %s %s, read back over netlink):\n", famName, nftables.DefaultTableName)
-			tl.print(w, name)
-			return nil
-		}
-		fmt.Fprintf(w, "\nWhat nftables programmed in node1 (`nft list table %s %s`, empty sets left out):\n", famName, nftables.DefaultTableName)
-		printNftText(w, text)
-		return nil
-	})
+	return rawNftTable(nftables.DefaultTableName)(ctx, w, node, name)
 }
 
-// eachTable calls fn with each of the backend's tables in node that holds
-// a service.
-func eachTable(node *testnet.Node, fn func(famName string, tl *table) error) error {
+// rawNftTable returns the lister of rawNftables for the tables called
+// tableName.
+func rawNftTable(tableName string) lister {
+	return func(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+		if _, err := exec.LookPath("nft"); err != nil {
+			fmt.Fprintln(w, "\n(the nft program is not installed; reading the table over netlink instead)")
+			return showNftTable(tableName)(ctx, w, node, name)
+		}
+		return eachTable(node, tableName, func(famName string, tl *table) error {
+			text, err := node.Exec(ctx, "nft", "list", "table", famName, tableName)
+			if err != nil {
+				why := firstLine(err.Error())
+				if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+					why = ee.String()
+				}
+				fmt.Fprintf(w, "\n(`nft list table %s %s` failed: %s. Reading the table over netlink instead.)\n", famName, tableName, why)
+				fmt.Fprintf(w, "\nWhat nftables programmed in node1 (table %s %s, read back over netlink):\n", famName, tableName)
+				tl.print(w, name)
+				return nil
+			}
+			fmt.Fprintf(w, "\nWhat nftables programmed in node1 (`nft list table %s %s`, empty sets left out):\n", famName, tableName)
+			printNftText(w, text)
+			return nil
+		})
+	}
+}
+
+// eachTable calls fn with each of node's tables called tableName that
+// holds a service.
+func eachTable(node *testnet.Node, tableName string, fn func(famName string, tl *table) error) error {
 	fd, err := os.Open(node.Path())
 	if err != nil {
 		return err
@@ -76,7 +92,7 @@ func eachTable(node *testnet.Node, fn func(famName string, tl *table) error) err
 		return err
 	}
 	for _, fam := range []gnft.TableFamily{gnft.TableFamilyIPv4, gnft.TableFamilyIPv6} {
-		tl, err := readTable(c, fam, nftables.DefaultTableName)
+		tl, err := readTable(c, fam, tableName)
 		if err != nil {
 			return err
 		}
