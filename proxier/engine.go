@@ -412,6 +412,11 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 	if err != nil && !onlyObjectErrors(err) {
 		e.metrics.observeSync(fam, full, time.Since(start), false)
 		f.needFull = true
+		if ctx.Err() != nil {
+			// Stopping: not a failure of the dataplane.
+			log.Info("sync interrupted by shutdown; the previous dataplane stays in force", "err", err)
+			return false
+		}
 		log.Error("sync failed; the previous dataplane stays in force", "err", err, "duration", time.Since(start))
 		return false
 	}
