@@ -119,7 +119,23 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		if timeout <= 0 {
 			timeout = DefaultHealthTimeout
 		}
-		e.svcHC = healthcheck.NewServiceServers(ns, nil, func() bool { return e.Health().Healthy(time.Now(), timeout) }, e.log)
+		// Like node ports, health check node ports open only on the
+		// NodePortAddresses (resolved now: addresses added later are
+		// not served).
+		var addrs []netip.Addr
+		serve := true
+		if len(cfg.NodePortAddresses) > 0 {
+			if addrs, err = healthcheck.AddrsIn(ns, cfg.NodePortAddresses); err != nil {
+				ns.Close()
+				return nil, fmt.Errorf("proxier: %w", err)
+			}
+			if serve = len(addrs) > 0; !serve {
+				e.log.Warn("no address of the namespace is in NodePortAddresses; health check node ports are not served", "nodePortAddresses", fmt.Sprint(cfg.NodePortAddresses))
+			}
+		}
+		if serve {
+			e.svcHC = healthcheck.NewServiceServers(ns, addrs, func() bool { return e.Health().Healthy(time.Now(), timeout) }, e.log)
+		}
 	}
 	if !cfg.NoConntrackCleanup {
 		ct, err := newConntrackHook(ns, e.log, e.metrics.conntrackDeleted)

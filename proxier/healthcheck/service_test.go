@@ -85,3 +85,44 @@ func TestServiceServersInNamespace(t *testing.T) {
 		t.Fatal("server still answers after its service left")
 	}
 }
+
+// TestServiceServersOnNodePortAddresses: with NodePortAddresses, the
+// servers listen only on the namespace's addresses in them.
+func TestServiceServersOnNodePortAddresses(t *testing.T) {
+	tp := testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})
+	ns, err := netns.Open(tp.Node1.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	ext4, ext6 := tp.Node1.ExternalIP(model.IPv4), tp.Node1.ExternalIP(model.IPv6)
+	addrs, err := healthcheck.AddrsIn(ns, []netip.Prefix{netip.PrefixFrom(ext4, 32), netip.PrefixFrom(ext6, 128)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.Addr{ext4, ext6}; len(addrs) != 2 || addrs[0] != want[0] || addrs[1] != want[1] {
+		t.Fatalf("AddrsIn = %v, want %v", addrs, want)
+	}
+	if none, err := healthcheck.AddrsIn(ns, []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}); err != nil || len(none) != 0 {
+		t.Fatalf("AddrsIn of a foreign prefix = %v, %v; want none", none, err)
+	}
+	s := healthcheck.NewServiceServers(ns, addrs, func() bool { return true }, nil)
+	defer s.Close()
+	web := model.ServiceName{Namespace: "demo", Name: "web"}
+	if err := s.Sync(map[model.ServiceName]healthcheck.ServiceHealth{web: {Port: 32000, LocalEndpoints: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{ext4, ext6} {
+		c, err := tp.Client.DialTCP(netip.AddrPortFrom(a, 32000), 2*time.Second)
+		if err != nil {
+			t.Errorf("%s: %v", a, err)
+			continue
+		}
+		c.Close()
+	}
+	internal := tp.Node1.IP(model.IPv4) // a node address outside the prefixes
+	if c, err := tp.Client.DialTCP(netip.AddrPortFrom(internal, 32000), 2*time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s:32000 accepted a connection; only the NodePortAddresses may", internal)
+	}
+}
