@@ -1,0 +1,25 @@
+// Command bench is proxykit's scale and comparison benchmark. In fresh
+// network namespaces on this machine it measures, for every dataplane
+// backend and for a series of service counts:
+//
+//   - the first full sync of a proxier process fed every Service and
+//     EndpointSlice, and that process's peak resident set;
+//   - the latency of one endpoint change, from the EndpointSlice event to
+//     the sync that programmed it (median and p99);
+//   - TCP connection setup through a cluster IP from a pod namespace to
+//     real servers in other pod namespaces (median and p99);
+//
+// and the same for kube-proxy's nftables and iptables layouts generated at
+// the same scale and loaded with `nft -f` and `iptables-restore`, as the
+// reference in the same run. It writes BENCHMARKS.md, SVG plots and the
+// raw results as JSON.
+//
+//	sudo go run ./internal/bench                 # the default run (< 15 min on 2 cores)
+//	sudo go run ./internal/bench --smoke         # 100 services, a few seconds
+//	sudo go run ./internal/bench --sizes 1000x10 --backends nftables --references ''
+//	go run ./internal/bench --from docs/bench/results.json  # report and plots again, no measuring
+//
+// Every measurement runs in a child process (this binary re-executed) in
+// namespaces the parent built and tears down, also on Ctrl-C and on
+// failure; the host's own network namespace is never touched.
+package main

@@ -1,0 +1,111 @@
+package scale
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestServicesUnique(t *testing.T) {
+	svcs := Services(30000, 10)
+	ips := map[netip.Addr]bool{TargetIP: true}
+	eps := map[netip.Addr]bool{}
+	ports := map[uint16]bool{}
+	for _, s := range svcs {
+		if ips[s.ClusterIP] {
+			t.Fatalf("%s: cluster IP %s used twice", s.Name, s.ClusterIP)
+		}
+		ips[s.ClusterIP] = true
+		if !netip.MustParsePrefix("10.96.0.0/16").Contains(s.ClusterIP) {
+			t.Fatalf("%s: cluster IP %s", s.Name, s.ClusterIP)
+		}
+		for _, e := range s.Endpoints {
+			if eps[e] || !netip.MustParsePrefix("10.64.0.0/13").Contains(e) {
+				t.Fatalf("%s: endpoint %s reused or out of range", s.Name, e)
+			}
+			eps[e] = true
+		}
+		if s.NodePort != 0 {
+			if ports[s.NodePort] || s.NodePort < 30000 || s.NodePort > 32767 {
+				t.Fatalf("%s: node port %d reused or out of range", s.Name, s.NodePort)
+			}
+			ports[s.NodePort] = true
+		}
+	}
+	if len(ports) != MaxNodePorts {
+		t.Errorf("%d node ports, want %d", len(ports), MaxNodePorts)
+	}
+}
+
+func TestChangeWalksServices(t *testing.T) {
+	svcs := Services(100, 10)
+	seen := map[int]bool{}
+	for k := range 100 {
+		idx, upd := Change(svcs, k)
+		if seen[idx] {
+			t.Fatalf("change %d: service %d changed twice", k, idx)
+		}
+		seen[idx] = true
+		if upd.Endpoints[0] != ReplacementEndpoint(k) || upd.Endpoints[1] != svcs[idx].Endpoints[1] || svcs[idx].Endpoints[0] == upd.Endpoints[0] {
+			t.Fatalf("change %d: %v -> %v", k, svcs[idx].Endpoints, upd.Endpoints)
+		}
+	}
+}
+
+func TestObjects(t *testing.T) {
+	svcs := append(Services(20, 3), Target("node1", netip.MustParseAddr("10.244.1.2")))
+	objs, slices := Objects(svcs)
+	if len(objs) != 21 || len(slices) != 21 {
+		t.Fatalf("%d services, %d slices", len(objs), len(slices))
+	}
+	if objs[10].Spec.Ports[0].NodePort != 30001 || objs[10].Spec.Type != "NodePort" {
+		t.Errorf("service 10: %+v", objs[10].Spec)
+	}
+	last := slices[20]
+	if last.Labels["kubernetes.io/service-name"] != TargetName || len(last.Endpoints) != 1 || *last.Endpoints[0].NodeName != "node1" {
+		t.Errorf("target slice: %+v", last)
+	}
+}
+
+func TestKubeProxyNFT(t *testing.T) {
+	svcs := Services(20, 3)
+	s := KubeProxyNFT(svcs)
+	// Per service: 3 endpoint chains and the service chain; every
+	// tenth also an external chain; plus the 6 fixed chains.
+	if n := strings.Count(s, "add chain "); n != 20*4+2+6 {
+		t.Errorf("%d chains", n)
+	}
+	upd := svcs[5].WithEndpoint(0, ReplacementEndpoint(0))
+	tx := KubeProxyNFTChange(svcs[5], upd)
+	if strings.Count(tx, "add chain ") != 1 || strings.Count(tx, "delete chain ") != 1 || !strings.Contains(tx, "flush chain ") {
+		t.Errorf("change:\n%s", tx)
+	}
+	if !strings.Contains(tx, svcs[5].nftEndpointChain(svcs[5].Endpoints[0])) || !strings.Contains(s, svcs[5].nftEndpointChain(svcs[5].Endpoints[0])) {
+		t.Errorf("the removed endpoint's chain is not the one created")
+	}
+}
+
+func TestKubeProxyIPTables(t *testing.T) {
+	svcs := Services(20, 3)
+	s := KubeProxyIPTables(svcs)
+	if n := strings.Count(s, "-j DNAT"); n != 60 {
+		t.Errorf("%d DNAT rules", n)
+	}
+	if n := strings.Count(s, "--probability"); n != 40 {
+		t.Errorf("%d probability rules", n)
+	}
+	if !strings.HasPrefix(s, "*nat\n") || !strings.HasSuffix(s, "COMMIT\n") {
+		t.Errorf("not a restore input")
+	}
+	upd := svcs[5].WithEndpoint(0, ReplacementEndpoint(0))
+	after := append([]Service(nil), svcs...)
+	after[5] = upd
+	tx := KubeProxyIPTablesChange(after, svcs[5], upd)
+	old := svcs[5].iptSepChain(svcs[5].Endpoints[0])
+	if !strings.Contains(tx, ":"+old+" - [0:0]\n") || !strings.Contains(tx, "-X "+old+"\n") {
+		t.Errorf("the removed endpoint's chain is not flushed and deleted:\n%s", tx)
+	}
+	if n := strings.Count(tx, "-A KUBE-SERVICES "); n != 21 {
+		t.Errorf("KUBE-SERVICES rewritten with %d rules, want 21", n)
+	}
+}
