@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -16,7 +19,9 @@ import (
 // Run with: go test ./backends/ebpf -run='^$' -bench=. -benchtime=10x -count=5
 //
 // The backends run with SocketOnly (the maps alone: the composed
-// nftables table costs what backends/nftables's benchmarks say).
+// nftables table costs what backends/nftables's benchmarks say), with
+// random and with Maglev selection (sub-benchmarks random/ and
+// maglev/; default table size 1021).
 
 // scaleServices returns n IPv4 ClusterIP service ports with eps
 // endpoints each; every tenth also has a node port.
@@ -38,16 +43,22 @@ func scaleServices(n, eps int) []testSvc {
 	return out
 }
 
+// selections are the endpoint selections the benchmarks run with.
+var selections = []Selection{SelectionRandom, SelectionMaglev}
+
 // benchBackend returns a SocketOnly IPv4 backend of the node namespace
-// nsPath, attaching (at its first sync) to the cgroup cg. It is cleaned
-// up and closed at the end of the benchmark, if not before.
-func benchBackend(b *testing.B, nsPath, cg string) *backend {
+// nsPath, attaching (at its first sync) to the cgroup cg, picking
+// endpoints with sel. It is cleaned up and closed at the end of the
+// benchmark, if not before.
+func benchBackend(b *testing.B, nsPath, cg string, sel Selection) *backend {
 	b.Helper()
 	be, err := NewBackend(Config{
-		Config:      proxier.Config{NetNS: nsPath, Families: []model.IPFamily{model.IPv4}},
-		CgroupPath:  cg,
-		SocketOnly:  true,
-		MaxBackends: 1 << 19,
+		Config:          proxier.Config{NetNS: nsPath, Families: []model.IPFamily{model.IPv4}},
+		CgroupPath:      cg,
+		SocketOnly:      true,
+		MaxBackends:     1 << 19,
+		Selection:       sel,
+		MaxMaglevTables: 1 << 15, // 30,000 services; 136 MB
 	}, model.IPv4)
 	if err != nil {
 		b.Fatal(err)
@@ -75,27 +86,47 @@ func BenchmarkFullSync(b *testing.B) {
 	testnet.RequireRoot(b)
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := emptyCgroup(b)
-	for _, n := range []int{1000, 10000} {
-		req := request(model.IPv4, scaleServices(n, 10), nil)
-		b.Run(fmt.Sprintf("first/services=%d", n), func(b *testing.B) {
-			for b.Loop() {
-				b.StopTimer()
-				be := benchBackend(b, tn.Node1.Path(), cg)
-				b.StartTimer()
+	for _, sel := range selections {
+		for _, n := range []int{1000, 10000} {
+			req := request(model.IPv4, scaleServices(n, 10), nil)
+			b.Run(fmt.Sprintf("%s/first/services=%d", sel, n), func(b *testing.B) {
+				var cpu time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					be := benchBackend(b, tn.Node1.Path(), cg, sel)
+					runtime.GC()
+					b.StartTimer()
+					c := cpuTime()
+					mustSync(b, be, req)
+					cpu += cpuTime() - c
+					b.StopTimer()
+					closeBench(b, be)
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")
+			})
+			b.Run(fmt.Sprintf("%s/resync/services=%d", sel, n), func(b *testing.B) {
+				be := benchBackend(b, tn.Node1.Path(), cg, sel)
 				mustSync(b, be, req)
-				b.StopTimer()
-				closeBench(b, be)
-				b.StartTimer()
-			}
-		})
-		b.Run(fmt.Sprintf("resync/services=%d", n), func(b *testing.B) {
-			be := benchBackend(b, tn.Node1.Path(), cg)
-			mustSync(b, be, req)
-			for b.Loop() {
-				mustSync(b, be, req)
-			}
-		})
+				c := cpuTime()
+				for b.Loop() {
+					mustSync(b, be, req)
+				}
+				b.ReportMetric(float64((cpuTime()-c).Milliseconds())/float64(b.N), "cpu-ms/op")
+			})
+		}
 	}
+}
+
+// cpuTime returns the CPU time (user and system) the process has used:
+// on a machine shared with other work, the cost of a sync that waiting
+// for a CPU does not inflate.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkEndpointChange: one endpoint of one service replaced, an
@@ -104,9 +135,13 @@ func BenchmarkEndpointChange(b *testing.B) {
 	testnet.RequireRoot(b)
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := emptyCgroup(b)
-	for _, n := range []int{100, 10000} {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			be := benchBackend(b, tn.Node1.Path(), cg)
+	for _, c := range []struct {
+		sel Selection
+		n   int
+	}{{SelectionRandom, 100}, {SelectionRandom, 10000}, {SelectionMaglev, 100}, {SelectionMaglev, 10000}} {
+		n := c.n
+		b.Run(fmt.Sprintf("%s/services=%d", c.sel, n), func(b *testing.B) {
+			be := benchBackend(b, tn.Node1.Path(), cg, c.sel)
 			svcs := scaleServices(n, 10)
 			mustSync(b, be, request(model.IPv4, svcs, nil))
 			base := svcs[n/2]
@@ -130,38 +165,118 @@ func BenchmarkEndpointChange(b *testing.B) {
 // BenchmarkConnect: connect() of a UDP socket (no packet is sent) to a
 // cluster IP, translated by connect4, with 10 and 30,000 services in the
 // maps; "none" connects to an address that is no service. The test
-// process moves into the cgroup for it.
+// process moves into the cgroup for it. With Maglev selection the
+// socket is unbound: the table is indexed by its cookie.
 func BenchmarkConnect(b *testing.B) {
 	testnet.RequireRoot(b)
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := newCgroup(b)
-	for _, n := range []int{10, 30000} {
-		be := benchBackend(b, tn.Node1.Path(), cg)
-		mustSync(b, be, request(model.IPv4, scaleServices(n, 10), nil))
-		for _, c := range []struct {
-			name string
-			dst  [4]byte
-		}{{"service", [4]byte{10, 96, 0, 5}}, {"none", [4]byte{10, 97, 0, 5}}} {
-			b.Run(fmt.Sprintf("services=%d/%s", n, c.name), func(b *testing.B) {
-				err := tn.Node1.Do(func() error {
-					for b.Loop() {
-						fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-						if err != nil {
-							return err
-						}
-						err = unix.Connect(fd, &unix.SockaddrInet4{Addr: c.dst, Port: 80})
-						unix.Close(fd)
-						if err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-			})
+	for _, sel := range selections {
+		for _, n := range []int{10, 30000} {
+			benchConnect(b, tn, cg, sel, n)
 		}
-		closeBench(b, be)
 	}
+}
+
+func benchConnect(b *testing.B, tn *testnet.Topology, cg string, sel Selection, n int) {
+	be := benchBackend(b, tn.Node1.Path(), cg, sel)
+	mustSync(b, be, request(model.IPv4, scaleServices(n, 10), nil))
+	defer closeBench(b, be)
+	for _, c := range []struct {
+		name string
+		dst  [4]byte
+	}{{"service", [4]byte{10, 96, 0, 5}}, {"none", [4]byte{10, 97, 0, 5}}} {
+		b.Run(fmt.Sprintf("%s/services=%d/%s", sel, n, c.name), func(b *testing.B) {
+			err := tn.Node1.Do(func() error {
+				for b.Loop() {
+					fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+					if err != nil {
+						return err
+					}
+					err = unix.Connect(fd, &unix.SockaddrInet4{Addr: c.dst, Port: 80})
+					unix.Close(fd)
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// BenchmarkConnectScale compares connect() at 10 and at 30,000 services
+// on a loaded machine: one backend alternates between the two states
+// (a full sync between blocks of connects, not timed) and every block's
+// mean is kept, so that load that comes and goes hits both sizes alike.
+// It reports the median block of each size and their ratio. Run with
+// -benchtime=60000x (30 blocks of each size).
+func BenchmarkConnectScale(b *testing.B) {
+	testnet.RequireRoot(b)
+	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
+	cg := newCgroup(b)
+	svcs := scaleServices(30000, 10)
+	reqs := [2]*proxier.SyncRequest{request(model.IPv4, svcs[:10], nil), request(model.IPv4, svcs, nil)}
+	dst := &unix.SockaddrInet4{Addr: [4]byte{10, 96, 0, 5}, Port: 80}
+	const block = 1000
+	for _, sel := range selections {
+		b.Run(sel.String(), func(b *testing.B) {
+			be := benchBackend(b, tn.Node1.Path(), cg, sel)
+			var blocks [2][]float64
+			err := tn.Node1.Do(func() error {
+				i := 0
+				var start time.Time
+				for b.Loop() {
+					if i%block == 0 {
+						b.StopTimer()
+						if i > 0 {
+							blocks[(i/block-1)%2] = append(blocks[(i/block-1)%2], float64(time.Since(start).Nanoseconds())/block)
+						}
+						mustSync(b, be, reqs[(i/block)%2])
+						// The proxier's garbage is collected now, not
+						// during the block (the clients of a real node
+						// are other processes).
+						runtime.GC()
+						b.StartTimer()
+						start = time.Now()
+					}
+					fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+					if err != nil {
+						return err
+					}
+					err = unix.Connect(fd, dst)
+					unix.Close(fd)
+					if err != nil {
+						return err
+					}
+					i++
+				}
+				if i%block == 0 && i > 0 {
+					blocks[(i/block-1)%2] = append(blocks[(i/block-1)%2], float64(time.Since(start).Nanoseconds())/block)
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(blocks[0]) == 0 || len(blocks[1]) == 0 {
+				b.Skipf("%d connects are fewer than two blocks of %d; run with -benchtime=60000x", b.N, block)
+			}
+			m10, m30k := median(blocks[0]), median(blocks[1])
+			b.ReportMetric(m10, "ns/connect@10")
+			b.ReportMetric(m30k, "ns/connect@30000")
+			b.ReportMetric(m30k/m10, "ratio")
+		})
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

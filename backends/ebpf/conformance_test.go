@@ -39,7 +39,7 @@ import (
 // stale-conntrack case, whose socket connects before the service has
 // an endpoint and so stays on the service address.
 func TestConformance(t *testing.T) {
-	proxiertest.Run(t, factory(t, false), proxiertest.Options{})
+	proxiertest.Run(t, factory(t, nil), proxiertest.Options{})
 }
 
 // TestConformanceSocketOnly runs the suite with SocketOnly set: no
@@ -47,6 +47,26 @@ func TestConformance(t *testing.T) {
 // natively; the skips are what this part leaves to the composed nftables
 // rules.
 func TestConformanceSocketOnly(t *testing.T) {
+	proxiertest.Run(t, factory(t, func(c *Config) { c.SocketOnly = true }), proxiertest.Options{Skip: socketOnlySkips()})
+}
+
+// TestConformanceMaglev runs the suite with Maglev selection, on the
+// socket programs alone (SocketOnly, the skips of
+// TestConformanceSocketOnly): the selection is theirs, and the composed
+// nftables rules, which TestConformance covers, do not change with it.
+// Running the composed suite a second time would add about a minute to
+// the test run for nothing new.
+func TestConformanceMaglev(t *testing.T) {
+	proxiertest.Run(t, factory(t, func(c *Config) {
+		c.SocketOnly = true
+		c.Selection = SelectionMaglev
+		c.MaxMaglevTables = 256
+	}), proxiertest.Options{Skip: socketOnlySkips()})
+}
+
+// socketOnlySkips are the cases the socket programs alone leave to the
+// composed nftables rules.
+func socketOnlySkips() map[string]string {
 	const fromClient = "the client is outside the cluster: its traffic reaches node ports, external and load-balancer IPs as packets, which only the composed nftables rules handle in this part"
 	skip := map[string]string{
 		"ClusterIP-SCTPInitDelivery-FromNode": "SCTP is left to the nftables rules (the probe uses raw sockets, which the socket hooks do not see)",
@@ -66,13 +86,13 @@ func TestConformanceSocketOnly(t *testing.T) {
 	} {
 		skip[c] = fromClient
 	}
-	proxiertest.Run(t, factory(t, true), proxiertest.Options{Skip: skip})
+	return skip
 }
 
-// factory returns the suite's factory. It moves the test process into a
-// cgroup of the test's own for the run (see newCgroup) and mounts a bpffs
-// of its own.
-func factory(t *testing.T, socketOnly bool) proxiertest.Factory {
+// factory returns the suite's factory; mod (if not nil) changes the
+// configuration. It moves the test process into a cgroup of the test's
+// own for the run (see newCgroup) and mounts a bpffs of its own.
+func factory(t *testing.T, mod func(*Config)) proxiertest.Factory {
 	testnet.RequireRoot(t)
 	cg := newCgroup(t)
 	pins := bpffs(t)
@@ -86,17 +106,20 @@ func factory(t *testing.T, socketOnly bool) proxiertest.Factory {
 		if err := os.MkdirAll(pin, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		p, err := New(Config{
+		c := Config{
 			Config:      cfg,
 			CgroupPath:  cg,
 			PinPath:     pin,
 			PodNetNS:    pods,
-			SocketOnly:  socketOnly,
 			MaxServices: 1024,
 			MaxBackends: 4096,
 			MaxAffinity: 4096,
 			MaxSockets:  4096,
-		})
+		}
+		if mod != nil {
+			mod(&c)
+		}
+		p, err := New(c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
@@ -45,19 +46,20 @@ func linkPin(h hook) string { return "pk_link_" + h.name }
 
 // pinnedMaps are the maps pinned under PinPath.
 func pinnedMaps() []string {
-	return []string{mapSvc4, mapSvc6, mapBe4, mapBe6, mapAff4, mapAff6, mapRev, mapNetNS, mapNode4, mapNode6}
+	return []string{mapSvc4, mapSvc6, mapBe4, mapBe6, mapAff4, mapAff6, mapRev, mapNetNS, mapNode4, mapNode6, mapMag4, mapMag6}
 }
 
 // dataplane is what both family backends of a proxier share: the loaded
 // programs and maps, their attachment to the cgroup, the translated
 // network namespaces and the UDP socket destroyer.
 type dataplane struct {
-	cfg      Config
-	log      *slog.Logger
-	objs     sockObjects
-	destroy  *destroyer // nil when the kernel cannot destroy sockets
-	nss      []*netns.NS
-	cookies  []uint64
+	cfg     Config
+	log     *slog.Logger
+	objs    sockObjects
+	destroy *destroyer // nil when the kernel cannot destroy sockets
+	// nss are the translated namespaces: the node's first, then the
+	// pods'. Guarded by mu once New has returned.
+	nss      []nsEntry
 	cgroupID uint64
 	// repin are maps whose pin was incompatible with the configuration:
 	// they were created afresh and replace the pin when attached.
@@ -81,8 +83,8 @@ type destroyer struct {
 // newDataplane checks the configuration, probes the kernel and loads the
 // programs. It holds one reference, dropped with release.
 func newDataplane(cfg Config) (*dataplane, error) {
-	if cfg.CgroupPath == "" {
-		return nil, errors.New("ebpf: Config.CgroupPath is required")
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	if err := checkFS(cfg.CgroupPath, unix.CGROUP2_SUPER_MAGIC, "cgroup v2 directory"); err != nil {
 		return nil, err
@@ -120,22 +122,109 @@ func newDataplane(cfg Config) (*dataplane, error) {
 	return d, nil
 }
 
+// nsEntry is a translated network namespace: the path it was named by,
+// the open handle and its cookie.
+type nsEntry struct {
+	path   string
+	ns     *netns.NS
+	cookie uint64
+}
+
 // openNamespaces opens the node's and the pods' namespaces and reads
-// their cookies.
+// their cookies. A namespace named twice is kept once.
 func (d *dataplane) openNamespaces() error {
 	for _, p := range append([]string{d.cfg.NetNS}, d.cfg.PodNetNS...) {
-		ns, err := netns.Open(p)
+		e, err := openNetNS(p)
 		if err != nil {
-			return fmt.Errorf("ebpf: %w", err)
+			return err
 		}
-		d.nss = append(d.nss, ns)
-		c, err := netnsCookie(ns)
-		if err != nil {
-			return fmt.Errorf("ebpf: cookie of network namespace %q: %w", p, err)
+		if d.hasNetNS(e.cookie) {
+			e.ns.Close()
+			continue
 		}
-		d.cookies = append(d.cookies, c)
+		d.nss = append(d.nss, e)
 	}
 	return nil
+}
+
+// openNetNS opens the namespace path and reads its cookie.
+func openNetNS(path string) (nsEntry, error) {
+	ns, err := netns.Open(path)
+	if err != nil {
+		return nsEntry{}, fmt.Errorf("ebpf: %w", err)
+	}
+	c, err := netnsCookie(ns)
+	if err != nil {
+		ns.Close()
+		return nsEntry{}, fmt.Errorf("ebpf: cookie of network namespace %q: %w", path, err)
+	}
+	return nsEntry{path: path, ns: ns, cookie: c}, nil
+}
+
+func (d *dataplane) hasNetNS(cookie uint64) bool {
+	return slices.ContainsFunc(d.nss, func(e nsEntry) bool { return e.cookie == cookie })
+}
+
+// addPodNetNS starts translating the sockets of the namespace path (and
+// searching it for UDP sockets of removed endpoints). Adding a
+// namespace that is translated already does nothing.
+func (d *dataplane) addPodNetNS(path string) error {
+	e, err := openNetNS(path)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		e.ns.Close()
+		return errClosed
+	}
+	if d.hasNetNS(e.cookie) {
+		e.ns.Close()
+		return nil
+	}
+	if err := batchPut(d.objs.PkNetns, []uint64{e.cookie}, []uint8{0}); err != nil {
+		e.ns.Close()
+		return fmt.Errorf("ebpf: %w", err)
+	}
+	d.nss = append(d.nss, e)
+	d.log.Debug("pod network namespace added", "path", path, "cookie", e.cookie)
+	return nil
+}
+
+// removePodNetNS stops translating the sockets of a pod namespace added
+// by path (with PodNetNS or addPodNetNS), found by its cookie while the
+// path still names a namespace, else by the path itself. Removing a
+// namespace that is not translated does nothing; the node's namespace
+// cannot be removed.
+func (d *dataplane) removePodNetNS(path string) error {
+	var cookie uint64
+	if e, err := openNetNS(path); err == nil {
+		cookie = e.cookie
+		e.ns.Close()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errClosed
+	}
+	i := slices.IndexFunc(d.nss, func(e nsEntry) bool { return cookie != 0 && e.cookie == cookie })
+	if i < 0 {
+		i = slices.IndexFunc(d.nss, func(e nsEntry) bool { return e.path == path })
+	}
+	switch {
+	case i < 0:
+		return nil
+	case i == 0:
+		return fmt.Errorf("ebpf: %q is the node's network namespace, not a pod's", path)
+	}
+	e := d.nss[i]
+	if err := batchDel(d.objs.PkNetns, []uint64{e.cookie}); err != nil {
+		return fmt.Errorf("ebpf: %w", err)
+	}
+	d.nss = slices.Delete(d.nss, i, i+1)
+	d.log.Debug("pod network namespace removed", "path", path, "cookie", e.cookie)
+	return e.ns.Close()
 }
 
 // netnsCookie returns the cookie of a network namespace (kernel 5.14+:
@@ -183,14 +272,35 @@ func (d *dataplane) load() error {
 	if err := errors.Join(set("all_netns", all), set("udp_connect_passthrough", passthrough)); err != nil {
 		return err
 	}
+	if vs, ok := spec.Variables["maglev_size"]; !ok {
+		return errors.New("ebpf: object lacks variable maglev_size")
+	} else if err := vs.Set(uint32(d.cfg.MaglevTableSize)); err != nil {
+		return err
+	}
+	// The Maglev maps are preallocated, and large: a family that is
+	// not configured, or random selection, gets one entry. (Sized by
+	// the configuration, not by the backends created, so that two
+	// NewBackend calls with one Config and PinPath agree.)
+	tables := func(f model.IPFamily) int {
+		if d.cfg.Selection == SelectionMaglev && slices.Contains(d.cfg.Families, f) {
+			return d.cfg.MaxMaglevTables
+		}
+		return 1
+	}
 	sizes := map[string]int{
 		mapSvc4: d.cfg.MaxServices, mapSvc6: d.cfg.MaxServices,
 		mapBe4: d.cfg.MaxBackends, mapBe6: d.cfg.MaxBackends,
 		mapAff4: d.cfg.MaxAffinity, mapAff6: d.cfg.MaxAffinity,
-		mapRev: d.cfg.MaxSockets,
+		mapRev:  d.cfg.MaxSockets,
+		mapMag4: tables(model.IPv4), mapMag6: tables(model.IPv6),
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)
+	}
+	for _, name := range []string{mapMag4, mapMag6} {
+		if err := sizeTableMap(spec.Maps[name], d.cfg.MaglevTableSize); err != nil {
+			return err
+		}
 	}
 	for name, ms := range spec.Maps {
 		if d.cfg.PinPath == "" {
@@ -212,6 +322,20 @@ func (d *dataplane) load() error {
 	if err != nil {
 		d.log.Warn("connected UDP sockets of removed endpoints will not be destroyed (needs kernel 6.5+ bpf_sock_destroy and BTF)", "err", err)
 	}
+	return nil
+}
+
+// sizeTableMap makes the Maglev map ms hold rows of m entries: its value
+// size and the array length of its BTF value type.
+func sizeTableMap(ms *ebpf.MapSpec, m int) error {
+	arr, ok := ms.Value.(*btf.Array)
+	if !ok {
+		return fmt.Errorf("ebpf: map %s: value type %v is no array", ms.Name, ms.Value)
+	}
+	resized := *arr
+	resized.Nelems = uint32(m)
+	ms.Value = &resized
+	ms.ValueSize = uint32(4 * m)
 	return nil
 }
 
@@ -269,12 +393,13 @@ func loadError(what string, err error) error {
 	return fmt.Errorf("ebpf: load %s: %w", what, err)
 }
 
-// familyMaps returns the frontend, slot and node address maps of f.
-func (d *dataplane) familyMaps(f model.IPFamily) (svc, be, node *ebpf.Map) {
+// familyMaps returns the frontend, slot, node address and Maglev table
+// maps of f.
+func (d *dataplane) familyMaps(f model.IPFamily) (svc, be, node, mag *ebpf.Map) {
 	if f == model.IPv6 {
-		return d.objs.PkSvc6, d.objs.PkBe6, d.objs.PkNode6
+		return d.objs.PkSvc6, d.objs.PkBe6, d.objs.PkNode6, d.objs.PkMaglev6
 	}
-	return d.objs.PkSvc4, d.objs.PkBe4, d.objs.PkNode4
+	return d.objs.PkSvc4, d.objs.PkBe4, d.objs.PkNode4, d.objs.PkMaglev4
 }
 
 // acquire registers a backend of family f.
@@ -313,8 +438,8 @@ func (d *dataplane) closeAll() error {
 		errs = append(errs, d.destroy.iter.Close(), d.destroy.objs.Close())
 	}
 	errs = append(errs, d.objs.Close())
-	for _, ns := range d.nss {
-		errs = append(errs, ns.Close())
+	for _, e := range d.nss {
+		errs = append(errs, e.ns.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -333,7 +458,8 @@ func (d *dataplane) syncNetNSLocked() error {
 		return err
 	}
 	var add, del []uint64
-	for _, c := range d.cookies {
+	for _, e := range d.nss {
+		c := e.cookie
 		if !have[c] {
 			add = append(add, c)
 		}
@@ -380,7 +506,7 @@ func (d *dataplane) attachLocked() error {
 		}
 	}
 	d.attached = true
-	d.log.Info("programs attached", "cgroup", d.cfg.CgroupPath, "pinned", d.cfg.PinPath != "", "namespaces", len(d.cookies), "all", d.cfg.AllNetNS)
+	d.log.Info("programs attached", "cgroup", d.cfg.CgroupPath, "pinned", d.cfg.PinPath != "", "namespaces", len(d.nss), "all", d.cfg.AllNetNS)
 	return nil
 }
 
@@ -390,7 +516,7 @@ func (d *dataplane) pinMaps() error {
 	maps := map[string]*ebpf.Map{
 		mapSvc4: d.objs.PkSvc4, mapSvc6: d.objs.PkSvc6, mapBe4: d.objs.PkBe4, mapBe6: d.objs.PkBe6,
 		mapAff4: d.objs.PkAff4, mapAff6: d.objs.PkAff6, mapRev: d.objs.PkRev, mapNetNS: d.objs.PkNetns,
-		mapNode4: d.objs.PkNode4, mapNode6: d.objs.PkNode6,
+		mapNode4: d.objs.PkNode4, mapNode6: d.objs.PkNode6, mapMag4: d.objs.PkMaglev4, mapMag6: d.objs.PkMaglev6,
 	}
 	for _, name := range pinnedMaps() {
 		m := maps[name]
@@ -510,7 +636,7 @@ func (d *dataplane) cleanup() error {
 	clear(d.synced)
 	if d.cfg.PinPath != "" {
 		for _, m := range []*ebpf.Map{d.objs.PkSvc4, d.objs.PkSvc6, d.objs.PkBe4, d.objs.PkBe6, d.objs.PkAff4,
-			d.objs.PkAff6, d.objs.PkRev, d.objs.PkNetns, d.objs.PkNode4, d.objs.PkNode6} {
+			d.objs.PkAff6, d.objs.PkRev, d.objs.PkNetns, d.objs.PkNode4, d.objs.PkNode6, d.objs.PkMaglev4, d.objs.PkMaglev6} {
 			if m.IsPinned() {
 				if err := m.Unpin(); err != nil {
 					errs = append(errs, fmt.Errorf("ebpf: unpin map: %w", err))
@@ -547,8 +673,8 @@ func (d *dataplane) destroyStale(pairs []staleKey) error {
 	}
 	defer batchDel(m, pairs)
 	var errs []error
-	for _, ns := range d.nss {
-		errs = append(errs, ns.Do(func() error {
+	for _, e := range d.nss {
+		errs = append(errs, e.ns.Do(func() error {
 			r, err := d.destroy.iter.Open()
 			if err != nil {
 				return err

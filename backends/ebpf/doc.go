@@ -3,8 +3,9 @@
 // and composes the nftables backend for the traffic that arrives from
 // outside the node.
 //
-// [New] returns a [proxier.Proxier]; [NewBackend] returns the bare
-// [proxier.Backend] of one family.
+// [New] returns a [proxier.Proxier] ([NewProxier] the same as a
+// [*Proxier]); [NewBackend] returns the bare [proxier.Backend] of one
+// family.
 //
 // # East-west: socket-level translation
 //
@@ -15,15 +16,33 @@
 // load-balancer IP — to one of the service's endpoints, before any
 // packet exists: no NAT, no conntrack entry, the endpoint sees the
 // client's own address. Programs on recvmsg4/6 and getpeername4/6 show
-// the service address again. Endpoints are picked at random, or per
-// client network namespace with session affinity. A service without
+// the service address again. Endpoints are picked at random, by Maglev
+// consistent hashing (Config.Selection), or per client network namespace
+// with session affinity. A service without
 // endpoints fails connect (and unconnected sendmsg) with ECONNREFUSED at
 // once; a service whose traffic policy leaves no endpoint on this node
 // fails with EPERM, a drop.
 //
 // Only sockets of the network namespaces the configuration names are
-// translated: the node's (Config.NetNS) and Config.PodNetNS, or every one
-// with Config.AllNetNS.
+// translated: the node's (Config.NetNS) and the pods' (Config.PodNetNS,
+// changed while the proxier runs with [Proxier.AddPodNetNS] and
+// [Proxier.RemovePodNetNS]), or every one with Config.AllNetNS.
+//
+// # Maglev selection
+//
+// With [SelectionMaglev], every endpoint group has a Maglev lookup table
+// of Config.MaglevTableSize entries (a prime, default 1021), built in Go
+// from the group's endpoints as in the Maglev paper and stored in a BPF
+// hash map keyed by group. The connect and sendmsg programs index it with
+// a hash of the client socket's identity: its network namespace, source
+// address and port when the socket has a local port, else its socket
+// cookie (an unbound socket gets its port only after the hook). A client
+// identity keeps its endpoint while the endpoint stays; when one of N
+// endpoints leaves or joins, about 1/N of the identities move (plus a few
+// percent, growing with N relative to the table size). The tables
+// are preallocated: Config.MaxMaglevTables × 4.1 KiB per family at the
+// default size (41 MB for 10,000 service ports). Session affinity keeps
+// its own path.
 //
 // # North-south: nftables
 //
@@ -52,6 +71,25 @@
 // endpoint leaves a UDP service, connected UDP sockets translated to it
 // are destroyed (kernel 6.5+, bpf_sock_destroy from a socket iterator),
 // so the application sees an error and reconnects.
+//
+// # Minimum kernel
+//
+// 5.18 for everything together; per feature:
+//
+//   - cgroup connect4/6 hooks (TCP, connected UDP): 4.17
+//   - cgroup sendmsg4/6 (unconnected UDP): 4.18
+//   - cgroup recvmsg4/6 (recvfrom shows the service): 5.2
+//   - bpf_sock_addr.sk, the socket's bound address and port (Maglev client hash): 5.3
+//   - batch map operations on hash maps (full syncs): 5.6
+//   - bpf_get_netns_cookie in sock_addr programs (namespace allowlist,
+//     affinity, Maglev client hash), cgroup bpf_link and LINK_UPDATE
+//     (restart without a gap): 5.7
+//   - cgroup getpeername4/6: 5.8
+//   - SO_NETNS_COOKIE (cookies of the configured namespaces): 5.14
+//   - bpf_set_retval (ECONNREFUSED for services without endpoints): 5.18
+//   - optional: UDP socket iterator with the bpf_sock_destroy kfunc and
+//     kernel BTF (destroying connected UDP sockets of removed
+//     endpoints): 6.5
 //
 // README.md describes the kernel contract: hooks, maps, sizes and the
 // minimum kernel per feature. The package has no global state; two

@@ -26,6 +26,8 @@ const (
 	mapNode4 = "pk_node4"
 	mapNode6 = "pk_node6"
 	mapStale = "pk_stale"
+	mapMag4  = "pk_maglev4"
+	mapMag6  = "pk_maglev6"
 )
 
 // Kernel representations of the map keys and values, laid out as the
@@ -58,6 +60,10 @@ type svcVal struct {
 // svcDrop marks a frontend whose traffic has no endpoint on this node
 // although the service has some elsewhere: connect fails with EPERM.
 const svcDrop = 1
+
+// svcMaglev marks a frontend whose group picks with its Maglev table
+// (pk_maglev4/6) rather than at random.
+const svcMaglev = 2
 
 type beKey struct {
 	ID   uint32
@@ -369,6 +375,8 @@ func configField(name string) string {
 		return "MaxAffinity"
 	case mapRev:
 		return "MaxSockets"
+	case mapMag4, mapMag6:
+		return "MaxMaglevTables"
 	}
 	return "(fixed size)"
 }
@@ -379,6 +387,12 @@ func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	return batchUpdate(m, keys, vals)
+}
+
+// batchUpdate is batchPut for values of any slice type (one that
+// marshals itself).
+func batchUpdate(m *ebpf.Map, keys, vals any) error {
 	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
 		name := mapName(m)
 		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {

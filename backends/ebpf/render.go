@@ -22,6 +22,15 @@ type group struct {
 	// found counts the group's slots seen in the kernel during a full
 	// sync.
 	found int
+
+	// maglev says the group's frontends pick with its Maglev table.
+	maglev bool
+	// sum is the fingerprint of the group's table (when hasSum), to
+	// recognize it in the kernel without keeping or rebuilding it.
+	sum    uint64
+	hasSum bool
+	// rowFound says a full sync found the group's table in the kernel.
+	rowFound bool
 }
 
 // svcState is what one service port holds in the maps.
@@ -48,6 +57,30 @@ func (s *svcState) fe(k feKey) (svcVal, bool) {
 		}
 	}
 	return svcVal{}, false
+}
+
+// tables returns how many Maglev tables s uses.
+func (s *svcState) tables() int {
+	n := 0
+	for _, g := range s.groups {
+		if g != nil && g.maglev {
+			n++
+		}
+	}
+	return n
+}
+
+// flagMaglev marks the frontends of groups with a Maglev table.
+func (s *svcState) flagMaglev() {
+	for i := range s.fes {
+		v := &s.fes[i].val
+		v.Flags &^= svcMaglev
+		for _, g := range s.groups {
+			if g != nil && g.id == v.ID && g.maglev {
+				v.Flags |= svcMaglev
+			}
+		}
+	}
 }
 
 func (s *svcState) slots() int {

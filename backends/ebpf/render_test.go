@@ -174,6 +174,8 @@ func TestMapLayout(t *testing.T) {
 		{mapStale, staleKey{}, uint8(0)},
 		{mapAff4, affKey{}, affVal{}},
 		{mapAff6, affKey{}, affVal{}},
+		{mapMag4, uint32(0), [DefaultMaglevTableSize]uint32{}},
+		{mapMag6, uint32(0), [DefaultMaglevTableSize]uint32{}},
 	} {
 		ms := specs[c.name]
 		if ms == nil {

@@ -3,6 +3,8 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -25,7 +27,57 @@ const (
 	DefaultMaxAffinity = 1 << 16
 	// DefaultMaxSockets is the size of the reverse translation map.
 	DefaultMaxSockets = 1 << 16
+	// DefaultMaglevTableSize is the number of entries of a Maglev table:
+	// a prime about 100 times the endpoints of a typical service, so
+	// that endpoints hold within 1% of the same share up to 10 endpoints,
+	// and within 10% up to 100.
+	DefaultMaglevTableSize = 1021
+	// DefaultMaxMaglevTables is the size of the Maglev table maps, per
+	// family, with Maglev selection.
+	DefaultMaxMaglevTables = 1 << 14
 )
+
+// Selection is how the socket programs pick a service's endpoint for a
+// new connection (and, with session affinity, for a client without a
+// live affinity entry).
+type Selection int
+
+const (
+	// SelectionRandom picks an endpoint at random for every connect and
+	// every unconnected UDP datagram. It is the default.
+	SelectionRandom Selection = iota
+	// SelectionMaglev picks by Maglev consistent hashing: every
+	// endpoint group has a lookup table of Config.MaglevTableSize
+	// entries, indexed by a hash of the client socket's identity (its
+	// network namespace, source address and port when it has a local
+	// port; otherwise the socket's cookie). A client identity keeps its
+	// endpoint while the endpoint stays, and when one endpoint of N
+	// leaves or joins, about 1/N of the identities move. See README.md.
+	SelectionMaglev
+)
+
+// String returns "random" or "maglev".
+func (s Selection) String() string {
+	switch s {
+	case SelectionRandom:
+		return "random"
+	case SelectionMaglev:
+		return "maglev"
+	}
+	return fmt.Sprintf("Selection(%d)", int(s))
+}
+
+// ParseSelection returns the Selection named s: "random" (or empty) or
+// "maglev".
+func ParseSelection(s string) (Selection, error) {
+	switch s {
+	case "", "random":
+		return SelectionRandom, nil
+	case "maglev":
+		return SelectionMaglev, nil
+	}
+	return 0, fmt.Errorf("ebpf: unknown endpoint selection %q (want random or maglev)", s)
+}
 
 // Config configures the eBPF backend. CgroupPath is required; every other
 // zero field means a default.
@@ -49,8 +101,10 @@ type Config struct {
 	PinPath string
 	// PodNetNS are paths of further network namespaces whose sockets are
 	// translated besides NetNS (the node's), typically the node's pods.
-	// The list is fixed for the proxier's life, and the backend holds
-	// each namespace open until Close.
+	// It is the initial list: [Proxier.AddPodNetNS] and
+	// [Proxier.RemovePodNetNS] change it while the proxier runs. The
+	// backend holds each namespace open until it is removed or the
+	// proxier is closed.
 	PodNetNS []string
 	// AllNetNS translates sockets of every network namespace under
 	// CgroupPath, for an agent in the host namespace whose cgroup holds
@@ -83,6 +137,28 @@ type Config struct {
 	// getpeername undo; the least recently used are evicted. Zero means
 	// [DefaultMaxSockets].
 	MaxSockets int
+
+	// Selection is how an endpoint is picked for a new connection. The
+	// zero value is [SelectionRandom].
+	Selection Selection
+	// MaglevTableSize is the number of entries of each Maglev table, a
+	// prime of at most 131071. The larger it is relative to a group's
+	// endpoints, the more evenly they share the clients (about 100
+	// entries per endpoint keep the shares within 1% of each other) and
+	// the fewer clients of other endpoints move when one comes or goes;
+	// a group with more endpoints than entries picks at random. Zero
+	// means [DefaultMaglevTableSize]. Used with [SelectionMaglev] only.
+	MaglevTableSize int
+	// MaxMaglevTables bounds the Maglev tables per family: one per
+	// endpoint group with endpoints (a service port has one, two when
+	// its external traffic has other endpoints than its cluster
+	// traffic). The maps are preallocated: each table takes
+	// 4 × MaglevTableSize bytes plus 64 bytes of map overhead, 4.1 KiB at
+	// the default size, so the default 16,384 tables take 68 MB per
+	// family (10,000 take 41 MB). Service ports beyond the limit pick at
+	// random (a warning is logged). Zero means [DefaultMaxMaglevTables].
+	// With [SelectionRandom] the maps hold one entry.
+	MaxMaglevTables int
 }
 
 // WithDefaults returns c with every zero field that has a default filled
@@ -104,18 +180,54 @@ func (c Config) WithDefaults() Config {
 	if c.MaxSockets <= 0 {
 		c.MaxSockets = DefaultMaxSockets
 	}
+	if c.MaglevTableSize <= 0 {
+		c.MaglevTableSize = DefaultMaglevTableSize
+	}
+	if c.MaxMaglevTables <= 0 {
+		c.MaxMaglevTables = DefaultMaxMaglevTables
+	}
 	return c
+}
+
+// check reports a configuration that cannot work.
+func (c *Config) check() error {
+	if c.CgroupPath == "" {
+		return errors.New("ebpf: Config.CgroupPath is required")
+	}
+	if c.Selection != SelectionRandom && c.Selection != SelectionMaglev {
+		return fmt.Errorf("ebpf: unknown Config.Selection %v", c.Selection)
+	}
+	return checkMaglevTableSize(c.MaglevTableSize)
 }
 
 // New returns a Proxier that translates services at the socket for the
 // processes under cfg.CgroupPath in cfg.NetNS (and cfg.PodNetNS), and
 // programs the nftables rules of the north-south traffic in cfg.NetNS,
-// for each IP family of cfg.Families.
+// for each IP family of cfg.Families. The Proxier is a [*Proxier]; see
+// [NewProxier].
 //
 // New probes the kernel and loads the programs (nothing is attached
 // before the first sync); if the kernel lacks something, the error
 // matches [proxier.ErrNotSupported] and names it.
 func New(cfg Config) (proxier.Proxier, error) {
+	p, err := NewProxier(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Proxier is the eBPF backend's [proxier.Proxier]: the engine driving
+// the backend of each family, and the set of translated pod network
+// namespaces, which can change while it runs.
+type Proxier struct {
+	*proxier.Engine
+	dp *dataplane
+}
+
+// NewProxier is [New] returning the concrete type, for callers that add
+// and remove pod network namespaces while the proxier runs.
+func NewProxier(cfg Config) (*Proxier, error) {
 	cfg = cfg.WithDefaults()
 	dp, err := newDataplane(cfg)
 	if err != nil {
@@ -137,13 +249,31 @@ func New(cfg Config) (proxier.Proxier, error) {
 		backends = append(backends, b)
 	}
 	dp.release() // the backends hold it now
-	p, err := proxier.New(cfg.Config, backends...)
+	e, err := proxier.New(cfg.Config, backends...)
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	return p, nil
+	return &Proxier{Engine: e, dp: dp}, nil
 }
+
+// AddPodNetNS starts translating the sockets of the network namespace
+// at path (e.g. /var/run/netns/<pod> or /proc/<pid>/ns/net), as if it
+// had been in Config.PodNetNS: a CNI agent calls it when it creates a
+// pod's network. It takes effect at once, without a sync; sockets the
+// pod connected before keep their destination. The proxier holds the
+// namespace open until RemovePodNetNS or Close. Adding a namespace
+// that is translated already does nothing.
+func (p *Proxier) AddPodNetNS(path string) error { return p.dp.addPodNetNS(path) }
+
+// RemovePodNetNS stops translating the sockets of a pod network
+// namespace named by path in Config.PodNetNS or AddPodNetNS, and
+// releases the proxier's handle on it: a CNI agent calls it when it
+// deletes a pod's network (before or after removing the path). The
+// namespace is found by identity while path still names it, else by
+// the path. Removing a namespace that is not translated does nothing;
+// the node's namespace (Config.NetNS) cannot be removed.
+func (p *Proxier) RemovePodNetNS(path string) error { return p.dp.removePodNetNS(path) }
 
 // NewBackend returns the backend of one IP family, for use without the
 // engine. It loads the programs for itself: to drive both families of
@@ -152,6 +282,10 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	cfg = cfg.WithDefaults()
 	if family != model.IPv4 && family != model.IPv6 {
 		return nil, fmt.Errorf("ebpf: unknown IP family %v", family)
+	}
+	if !slices.Contains(cfg.Families, family) {
+		// The maps of a family are sized by cfg.Families.
+		cfg.Families = append(slices.Clone(cfg.Families), family)
 	}
 	dp, err := newDataplane(cfg)
 	if err != nil {
@@ -175,7 +309,8 @@ func newBackend(cfg Config, family model.IPFamily, dp *dataplane) (*backend, err
 		codec:  codecFor(family),
 		log:    cfg.Logger.With("backend", "ebpf", "family", family.String()),
 	}
-	b.svcMap, b.beMap, b.nodeMap = dp.familyMaps(family)
+	b.svcMap, b.beMap, b.nodeMap, b.magMap = dp.familyMaps(family)
+	b.rows = newRowWriter(cfg.MaglevTableSize, maphash.MakeSeed())
 	ns, err := netns.Open(cfg.NetNS)
 	if err != nil {
 		return nil, fmt.Errorf("ebpf: %w", err)

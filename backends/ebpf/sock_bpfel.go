@@ -20,6 +20,8 @@ const (
 	sockMapPkAff6                = "pk_aff6"
 	sockMapPkBe4                 = "pk_be4"
 	sockMapPkBe6                 = "pk_be6"
+	sockMapPkMaglev4             = "pk_maglev4"
+	sockMapPkMaglev6             = "pk_maglev6"
 	sockMapPkNetns               = "pk_netns"
 	sockMapPkNode4               = "pk_node4"
 	sockMapPkNode6               = "pk_node6"
@@ -35,6 +37,7 @@ const (
 	sockProgPkSendmsg4           = "pk_sendmsg4"
 	sockProgPkSendmsg6           = "pk_sendmsg6"
 	sockVarAllNetns              = "all_netns"
+	sockVarMaglevSize            = "maglev_size"
 	sockVarUdpConnectPassthrough = "udp_connect_passthrough"
 )
 
@@ -94,16 +97,18 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	PkAff4  *ebpf.MapSpec `ebpf:"pk_aff4"`
-	PkAff6  *ebpf.MapSpec `ebpf:"pk_aff6"`
-	PkBe4   *ebpf.MapSpec `ebpf:"pk_be4"`
-	PkBe6   *ebpf.MapSpec `ebpf:"pk_be6"`
-	PkNetns *ebpf.MapSpec `ebpf:"pk_netns"`
-	PkNode4 *ebpf.MapSpec `ebpf:"pk_node4"`
-	PkNode6 *ebpf.MapSpec `ebpf:"pk_node6"`
-	PkRev   *ebpf.MapSpec `ebpf:"pk_rev"`
-	PkSvc4  *ebpf.MapSpec `ebpf:"pk_svc4"`
-	PkSvc6  *ebpf.MapSpec `ebpf:"pk_svc6"`
+	PkAff4    *ebpf.MapSpec `ebpf:"pk_aff4"`
+	PkAff6    *ebpf.MapSpec `ebpf:"pk_aff6"`
+	PkBe4     *ebpf.MapSpec `ebpf:"pk_be4"`
+	PkBe6     *ebpf.MapSpec `ebpf:"pk_be6"`
+	PkMaglev4 *ebpf.MapSpec `ebpf:"pk_maglev4"`
+	PkMaglev6 *ebpf.MapSpec `ebpf:"pk_maglev6"`
+	PkNetns   *ebpf.MapSpec `ebpf:"pk_netns"`
+	PkNode4   *ebpf.MapSpec `ebpf:"pk_node4"`
+	PkNode6   *ebpf.MapSpec `ebpf:"pk_node6"`
+	PkRev     *ebpf.MapSpec `ebpf:"pk_rev"`
+	PkSvc4    *ebpf.MapSpec `ebpf:"pk_svc4"`
+	PkSvc6    *ebpf.MapSpec `ebpf:"pk_svc6"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -111,6 +116,7 @@ type sockMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
 	AllNetns              *ebpf.VariableSpec `ebpf:"all_netns"`
+	MaglevSize            *ebpf.VariableSpec `ebpf:"maglev_size"`
 	UdpConnectPassthrough *ebpf.VariableSpec `ebpf:"udp_connect_passthrough"`
 }
 
@@ -134,16 +140,18 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	PkAff4  *ebpf.Map `ebpf:"pk_aff4"`
-	PkAff6  *ebpf.Map `ebpf:"pk_aff6"`
-	PkBe4   *ebpf.Map `ebpf:"pk_be4"`
-	PkBe6   *ebpf.Map `ebpf:"pk_be6"`
-	PkNetns *ebpf.Map `ebpf:"pk_netns"`
-	PkNode4 *ebpf.Map `ebpf:"pk_node4"`
-	PkNode6 *ebpf.Map `ebpf:"pk_node6"`
-	PkRev   *ebpf.Map `ebpf:"pk_rev"`
-	PkSvc4  *ebpf.Map `ebpf:"pk_svc4"`
-	PkSvc6  *ebpf.Map `ebpf:"pk_svc6"`
+	PkAff4    *ebpf.Map `ebpf:"pk_aff4"`
+	PkAff6    *ebpf.Map `ebpf:"pk_aff6"`
+	PkBe4     *ebpf.Map `ebpf:"pk_be4"`
+	PkBe6     *ebpf.Map `ebpf:"pk_be6"`
+	PkMaglev4 *ebpf.Map `ebpf:"pk_maglev4"`
+	PkMaglev6 *ebpf.Map `ebpf:"pk_maglev6"`
+	PkNetns   *ebpf.Map `ebpf:"pk_netns"`
+	PkNode4   *ebpf.Map `ebpf:"pk_node4"`
+	PkNode6   *ebpf.Map `ebpf:"pk_node6"`
+	PkRev     *ebpf.Map `ebpf:"pk_rev"`
+	PkSvc4    *ebpf.Map `ebpf:"pk_svc4"`
+	PkSvc6    *ebpf.Map `ebpf:"pk_svc6"`
 }
 
 func (m *sockMaps) Close() error {
@@ -152,6 +160,8 @@ func (m *sockMaps) Close() error {
 		m.PkAff6,
 		m.PkBe4,
 		m.PkBe6,
+		m.PkMaglev4,
+		m.PkMaglev6,
 		m.PkNetns,
 		m.PkNode4,
 		m.PkNode6,
@@ -166,6 +176,7 @@ func (m *sockMaps) Close() error {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
 	AllNetns              *ebpf.Variable `ebpf:"all_netns"`
+	MaglevSize            *ebpf.Variable `ebpf:"maglev_size"`
 	UdpConnectPassthrough *ebpf.Variable `ebpf:"udp_connect_passthrough"`
 }
 

@@ -30,11 +30,15 @@ type backend struct {
 	beMap  *ebpf.Map
 	// nodeMap holds the node addresses node ports open on.
 	nodeMap *ebpf.Map
-	ns      *netns.NS
-	nl      *netlink.Handle
-	nft     proxier.Backend // nil with SocketOnly
-	log     *slog.Logger
-	ids     idAllocator
+	// magMap holds the Maglev tables of the groups that use one.
+	magMap *ebpf.Map
+	// rows builds, writes and reads the Maglev tables.
+	rows *rowWriter
+	ns   *netns.NS
+	nl   *netlink.Handle
+	nft  proxier.Backend // nil with SocketOnly
+	log  *slog.Logger
+	ids  idAllocator
 	// st is what the maps hold as of the last successful sync; nil when
 	// unknown (before the first sync, after a failure or Cleanup).
 	st *state
@@ -57,9 +61,13 @@ type state struct {
 	// groups are the endpoint groups by id.
 	groups map[uint32]*group
 	// nodes are the node addresses in the node address map.
-	nodes  map[netip.Addr]bool
-	nfes   int
-	nslots int
+	nodes   map[netip.Addr]bool
+	nfes    int
+	nslots  int
+	ntables int
+	// noTable counts the service ports of the current sync whose groups
+	// pick at random because MaxMaglevTables was reached.
+	noTable int
 }
 
 func newState() *state {
@@ -89,6 +97,16 @@ func (st *state) admit(name model.ServicePortName, s *svcState, cfg *Config, fam
 	if st.nslots+s.slots() > cfg.MaxBackends {
 		return &MapFullError{Map: beMap, Field: "MaxBackends", Size: cfg.MaxBackends}
 	}
+	if n := s.tables(); n > 0 && st.ntables+n > cfg.MaxMaglevTables {
+		// Programmed with random selection rather than left out.
+		for _, g := range s.groups {
+			if g != nil {
+				g.maglev = false
+			}
+		}
+		st.noTable++
+	}
+	s.flagMaglev()
 	for _, e := range s.fes {
 		st.owners[e.key] = name
 	}
@@ -100,6 +118,7 @@ func (st *state) admit(name model.ServicePortName, s *svcState, cfg *Config, fam
 	st.svcs[name] = s
 	st.nfes += len(s.fes)
 	st.nslots += s.slots()
+	st.ntables += s.tables()
 	return nil
 }
 
@@ -121,6 +140,7 @@ func (st *state) release(name model.ServicePortName) {
 	}
 	st.nfes -= len(s.fes)
 	st.nslots -= s.slots()
+	st.ntables -= s.tables()
 	delete(st.svcs, name)
 }
 
@@ -175,21 +195,29 @@ type ops struct {
 	delBe    []beKey
 	putNodes []netip.Addr
 	delNodes []netip.Addr
+	// Maglev tables: groups whose table is built and written, and
+	// group ids whose table is deleted.
+	putRows []*group
+	delRows []uint32
 }
 
 func (o *ops) empty() bool {
-	return len(o.putBeK)+len(o.putSvcK)+len(o.delSvc)+len(o.delBe)+len(o.putNodes)+len(o.delNodes) == 0
+	return len(o.putBeK)+len(o.putSvcK)+len(o.delSvc)+len(o.delBe)+len(o.putNodes)+len(o.delNodes)+
+		len(o.putRows)+len(o.delRows) == 0
 }
 
-// apply writes o: new slots first, then frontends (pointing at them),
-// then removed frontends, then the slots no frontend counts any more.
-// Node addresses are added before and removed after everything else.
+// apply writes o: new slots first, then the Maglev tables (pointing at
+// slots), then frontends (pointing at both), then removed frontends,
+// then the tables and slots no frontend uses any more. Node addresses
+// are added before and removed after everything else.
 func (b *backend) apply(o *ops) error {
 	steps := []func() error{
 		func() error { return b.codec.putNode(b.nodeMap, o.putNodes) },
 		func() error { return b.codec.putBe(b.beMap, o.putBeK, o.putBeV) },
+		func() error { return b.rows.put(b.magMap, o.putRows) },
 		func() error { return b.codec.putSvc(b.svcMap, o.putSvcK, o.putSvcV) },
 		func() error { return b.codec.delSvc(b.svcMap, o.delSvc) },
+		func() error { return batchDel(b.magMap, o.delRows) },
 		func() error { return delBe(b.beMap, o.delBe) },
 		func() error { return b.codec.delNode(b.nodeMap, o.delNodes) },
 	}
@@ -233,9 +261,10 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 		return err
 	}
 	b.st = st
-	b.log.Info("full sync", "services", len(st.svcs), "frontends", st.nfes, "slots", st.nslots,
-		"written", len(o.putBeK)+len(o.putSvcK), "deleted", len(o.delBe)+len(o.delSvc),
+	b.log.Info("full sync", "services", len(st.svcs), "frontends", st.nfes, "slots", st.nslots, "tables", st.ntables,
+		"written", len(o.putBeK)+len(o.putSvcK)+len(o.putRows), "deleted", len(o.delBe)+len(o.delSvc)+len(o.delRows),
 		"read", read.Sub(start), "render", rendered.Sub(read), "write", time.Since(rendered))
+	b.warnNoTable(st)
 	b.destroyStale(stale)
 	return joinObjectErrors(objErrs)
 }
@@ -286,6 +315,7 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 		}
 		s, err := render(b.family, sp, req.Targets[name], prev, &b.ids)
 		if err == nil {
+			b.planTables(s, prev)
 			err = st.admit(name, s, &b.cfg, b.family)
 		}
 		if err != nil {
@@ -348,11 +378,65 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 			}
 		}
 	}
+	if err := b.fullTableOps(o, st); err != nil {
+		return nil, err
+	}
 	o.putNodes, o.delNodes = diffNodes(k.nodes, nodes)
 	for _, a := range nodes {
 		st.nodes[a] = true
 	}
 	return o, nil
+}
+
+// fullTableOps adds to o the Maglev rows that make the map match st: a
+// row is compared with the fingerprint of the group's table when its
+// endpoints did not change since the last sync, else with the table
+// built for it (after a restart). Tables to write are built when they
+// are written.
+func (b *backend) fullTableOps(o *ops, st *state) error {
+	for _, g := range st.groups {
+		g.rowFound = false
+	}
+	var scratch []uint32
+	err := b.rows.scan(b.magMap, func(id uint32, row []uint32) {
+		g := st.groups[id]
+		if g == nil || !g.maglev || g.rowFound {
+			o.delRows = append(o.delRows, id)
+			return
+		}
+		g.rowFound = true
+		if !g.hasSum {
+			scratch = maglevTable(g.eps, len(row), scratch)
+			if !slices.Equal(scratch, row) {
+				o.putRows = append(o.putRows, g)
+				return
+			}
+			g.sum, g.hasSum = tableSum(b.rows.seed, row), true
+			return
+		}
+		if tableSum(b.rows.seed, row) != g.sum {
+			o.putRows = append(o.putRows, g)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("ebpf: %w", err)
+	}
+	for _, g := range st.groups {
+		if g.maglev && !g.rowFound {
+			o.putRows = append(o.putRows, g)
+		}
+	}
+	return nil
+}
+
+// warnNoTable logs the service ports that pick at random because the
+// Maglev maps are full.
+func (b *backend) warnNoTable(st *state) {
+	if st.noTable > 0 {
+		b.log.Warn("Maglev tables full: service ports pick endpoints at random; raise Config.MaxMaglevTables",
+			"servicePorts", st.noTable, "tables", st.ntables, "max", b.cfg.MaxMaglevTables)
+	}
+	st.noTable = 0
 }
 
 // fullStale returns the (endpoint, service) pairs of UDP frontends that
@@ -381,6 +465,7 @@ func (b *backend) fullStale(st *state, k *kernelState, nodes []netip.Addr) []sta
 // computed from the state in memory: the maps are not read.
 func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 	st := b.st
+	st.noTable = 0
 	names := slices.SortedFunc(maps.Keys(req.Changed), compareNames)
 	old := map[model.ServicePortName]*svcState{}
 	for _, name := range names {
@@ -403,6 +488,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 			var err error
 			s, err = render(b.family, sp, req.Targets[name], old[name], &b.ids)
 			if err == nil {
+				b.planTables(s, old[name])
 				err = st.admit(name, s, &b.cfg, b.family)
 			}
 			if err != nil {
@@ -411,6 +497,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 			}
 		}
 		diffService(o, old[name], s, putSvc)
+		tableOps(o, old[name], s)
 		if b.dp.destroy != nil && old[name] != nil {
 			before, after := map[staleKey]bool{}, map[staleKey]bool{}
 			udpPairs(old[name], keys(st.nodes), before)
@@ -429,6 +516,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 			return err
 		}
 	}
+	b.warnNoTable(st)
 	clear(st.nodes)
 	for _, a := range nodes {
 		st.nodes[a] = true

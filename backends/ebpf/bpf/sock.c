@@ -20,6 +20,9 @@ volatile const __u8 all_netns = 0;
  * packets reach the composed nftables rules (which reject them with an
  * ICMP error, and follow the service once it has endpoints). */
 volatile const __u8 udp_connect_passthrough = 0;
+/* Entries of a Maglev table (a prime): the value size of pk_maglev4/6
+ * is 4 * maglev_size. */
+volatile const __u32 maglev_size = 1021;
 
 /* A service frontend: an address, port and protocol traffic is sent to.
  * addr 0 stands for every node address (a node port). */
@@ -41,6 +44,9 @@ struct svc6_key {
  * elsewhere (a Local traffic policy): fail with EPERM, a drop. Without
  * it, count 0 means the service has no endpoint: ECONNREFUSED. */
 #define SVC_DROP 1
+/* A new pick takes the endpoint the group's Maglev table (pk_maglev4/6)
+ * holds for the client's hash; without it, a random one. */
+#define SVC_MAGLEV 2
 
 struct svc_val {
 	__u32 id;           /* endpoint group: key of pk_be4/pk_be6 */
@@ -130,6 +136,27 @@ struct {
 	__uint(max_entries, 65536); /* Config.MaxAffinity */
 	PINNED;
 } pk_aff6 SEC(".maps");
+
+/* Maglev lookup tables: endpoint group id -> maglev_size slots of the
+ * group (keys of pk_be4/pk_be6), built by the Go side from the group's
+ * endpoints. The value type is a placeholder: the Go side sets the
+ * value size (4 * maglev_size) and max_entries at load time; with
+ * random selection the maps have one entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32[1021]);
+	__uint(max_entries, 16384); /* Config.MaxMaglevTables */
+	PINNED;
+} pk_maglev4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32[1021]);
+	__uint(max_entries, 16384); /* Config.MaxMaglevTables */
+	PINNED;
+} pk_maglev6 SEC(".maps");
 
 /* Network namespace cookies whose sockets are translated. */
 struct {
@@ -240,7 +267,75 @@ static __always_inline int affinity_hit(int v6, __u32 id, __u32 count, struct af
 	return 0;
 }
 
-static __always_inline int select_ep(int v6, const struct svc_val *sv, __u64 netns, struct ep *out)
+/* mix64 is the finalizer of splitmix64: every input bit affects every
+ * output bit. */
+static __always_inline __u64 mix64(__u64 x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+/* client_hash hashes what identifies the client side of the connection
+ * at connect (or sendmsg) time. The destination is the service itself,
+ * and the protocol is the frontend's, so the client's part of the
+ * 5-tuple is what varies: when the socket has a local port (bound, or
+ * autobound by an earlier send), the hash is of its network namespace,
+ * source address and port, so that every socket a client binds to the
+ * same address and port lands on the same endpoint. An unbound socket
+ * gets its port only after this program has run, so its identity is the
+ * socket cookie: the socket keeps its endpoint when it connects again
+ * or sends unconnected datagrams, and different sockets spread.
+ * sock6: the socket is AF_INET6 (also when it connects to an
+ * IPv4-mapped address). */
+static __always_inline __u64 client_hash(struct bpf_sock_addr *ctx, int sock6, __u64 netns)
+{
+	struct bpf_sock *sk = ctx->sk;
+	__u32 port = 0;
+
+	if (sk)
+		port = sk->src_port;
+	if (!sk || !port)
+		return mix64(bpf_get_socket_cookie(ctx));
+	__u64 h = mix64(netns ^ ((__u64)port << 32));
+	if (sock6) {
+		h = mix64(h ^ sk->src_ip6[0] ^ ((__u64)sk->src_ip6[1] << 32));
+		h = mix64(h ^ sk->src_ip6[2] ^ ((__u64)sk->src_ip6[3] << 32));
+	} else {
+		h = mix64(h ^ sk->src_ip4);
+	}
+	return h;
+}
+
+/* pick_slot picks one of the count (> 0) slots of group id for a new
+ * choice: the Maglev table's entry for the client's hash, or a random
+ * slot. The entry may be a slot that is being removed; the caller falls
+ * back to slot 0 then. */
+static __always_inline __u32 pick_slot(struct bpf_sock_addr *ctx, int v6, int sock6, __u32 id, __u32 count, __u32 flags,
+				       __u64 netns)
+{
+	__u32 size = maglev_size;
+
+	if ((flags & SVC_MAGLEV) && size) {
+		__u32 *row = v6 ? bpf_map_lookup_elem(&pk_maglev6, &id) : bpf_map_lookup_elem(&pk_maglev4, &id);
+		if (row) {
+			__u32 i = (__u32)(client_hash(ctx, sock6, netns) % size);
+			/* Hide from the compiler that i < size, so that
+			 * the check below stays for the verifier. */
+			barrier_var(i);
+			if (i < size)
+				return row[i];
+		}
+	}
+	return bpf_get_prandom_u32() % count;
+}
+
+/* select_ep picks the endpoint of a new connection: v6 says which
+ * family's maps the frontend is in, sock6 the socket's family. */
+static __always_inline int select_ep(struct bpf_sock_addr *ctx, int v6, int sock6, const struct svc_val *sv, __u64 netns, struct ep *out)
 {
 	__u32 count = sv->count;
 	__u32 id = sv->id;
@@ -250,7 +345,7 @@ static __always_inline int select_ep(int v6, const struct svc_val *sv, __u64 net
 		return (sv->flags & SVC_DROP) ? SEL_DROP : SEL_REFUSE;
 
 	if (!sv->affinity_sec) {
-		slot = bpf_get_prandom_u32() % count;
+		slot = pick_slot(ctx, v6, sock6, id, count, sv->flags, netns);
 		if (lookup_be(v6, id, slot, out) == 0)
 			return SEL_OK;
 		/* The slots are being rewritten; slot 0 is always there. */
@@ -266,7 +361,7 @@ static __always_inline int select_ep(int v6, const struct svc_val *sv, __u64 net
 		av->ts = now;
 		return SEL_OK;
 	}
-	slot = bpf_get_prandom_u32() % count;
+	slot = pick_slot(ctx, v6, sock6, id, count, sv->flags, netns);
 	if (lookup_be(v6, id, slot, out) != 0) {
 		slot = 0;
 		if (lookup_be(v6, id, 0, out) != 0)
@@ -379,7 +474,7 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx, int connect)
 	sv = lookup_svc4(daddr, dport, proto);
 	if (!sv)
 		return 1;
-	v = verdict(select_ep(0, sv, netns, &e), connect, proto);
+	v = verdict(select_ep(ctx, 0, 0, sv, netns, &e), connect, proto);
 	if (v >= 0)
 		return v;
 	set_mapped(svc, daddr);
@@ -420,9 +515,9 @@ static __always_inline int xlate6(struct bpf_sock_addr *ctx, int connect)
 	if (!sv)
 		return 1;
 	if (v4)
-		v = verdict(select_ep(0, sv, netns, &e), connect, proto);
+		v = verdict(select_ep(ctx, 0, 1, sv, netns, &e), connect, proto);
 	else
-		v = verdict(select_ep(1, sv, netns, &e), connect, proto);
+		v = verdict(select_ep(ctx, 1, 1, sv, netns, &e), connect, proto);
 	if (v >= 0)
 		return v;
 	remember(ctx, &e, svc, dport);

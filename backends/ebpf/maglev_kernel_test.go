@@ -1,0 +1,433 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// maglevFixture is a fixture whose backend picks with Maglev tables.
+func maglevFixture(t *testing.T, f model.IPFamily, mod func(*Config)) *fixture {
+	return newFixture(t, f, func(c *Config) {
+		c.Selection = SelectionMaglev
+		c.MaxMaglevTables = 64
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
+// boundQuery asks the service d from a socket bound to the local port
+// (the client identity the Maglev hash sees) and returns the server
+// that answered. TCP closes with a reset, so that the port is free at
+// once for the next query.
+func boundQuery(h *testnet.Host, proto string, port uint16, d netip.AddrPort) (string, error) {
+	var server string
+	err := h.Do(func() error {
+		dl := net.Dialer{
+			Timeout: 2 * time.Second,
+			Control: func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+				})
+				if err != nil {
+					return err
+				}
+				return serr
+			},
+		}
+		var c net.Conn
+		var err error
+		if proto == "udp" {
+			dl.LocalAddr = &net.UDPAddr{Port: int(port)}
+			c, err = dl.Dial("udp", d.String())
+		} else {
+			dl.LocalAddr = &net.TCPAddr{Port: int(port)}
+			c, err = dl.Dial("tcp", d.String())
+		}
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if tc, ok := c.(*net.TCPConn); ok {
+			defer tc.SetLinger(0)
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if proto == "udp" {
+			if _, err := c.Write([]byte("tok")); err != nil {
+				return err
+			}
+		}
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		r, err := testnet.ParseReply(string(buf[:n]))
+		server = r.Server
+		return err
+	})
+	return server, err
+}
+
+// clientMap asks d from every port of ports and returns who answered.
+func (x *fixture) clientMap(proto string, d netip.AddrPort, ports []uint16) map[uint16]string {
+	x.t.Helper()
+	out := map[uint16]string{}
+	for _, p := range ports {
+		s, err := boundQuery(x.pod3, proto, p, d)
+		if err != nil {
+			x.t.Fatalf("pod3:%d -> %s/%s: %v", p, d, proto, err)
+		}
+		out[p] = s
+	}
+	return out
+}
+
+func portRange(from uint16, n int) []uint16 {
+	out := make([]uint16, n)
+	for i := range out {
+		out[i] = from + uint16(i)
+	}
+	return out
+}
+
+func countServers(m map[uint16]string) map[string]int {
+	out := map[string]int{}
+	for _, s := range m {
+		out[s]++
+	}
+	return out
+}
+
+// TestMaglevSelection runs Maglev selection for real: a client socket
+// identity (a bound source port, or one socket) keeps its endpoint
+// across connections; many clients spread over every endpoint; when an
+// endpoint leaves, only its clients move, and when it comes back every
+// client is where it was at first (the table is a function of the
+// endpoint set, whatever slots the endpoints sit in).
+func TestMaglevSelection(t *testing.T) {
+	forFamilies(t, func(t *testing.T, f model.IPFamily) {
+		x := maglevFixture(t, f, nil)
+		v := vip(f, 110)
+		all := []*testnet.Pod{x.p11, x.p12, x.p21}
+		tcp := svc("web", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080))
+		udp := svc("dns", model.UDP, v, 53, x.ep(x.p11, 8081), x.ep(x.p12, 8081), x.ep(x.p21, 8081))
+		x.sync([]testSvc{tcp, udp})
+		x.checkRows()
+
+		// One identity, one endpoint: repeated connections from the same
+		// bound port.
+		for _, c := range []struct {
+			proto string
+			d     netip.AddrPort
+		}{{"tcp", ap(v, 80)}, {"udp", ap(v, 53)}} {
+			for _, port := range []uint16{40001, 40002, 40003} {
+				got := map[string]int{}
+				for range 8 {
+					s, err := boundQuery(x.pod3, c.proto, port, c.d)
+					if err != nil {
+						t.Fatalf("pod3:%d -> %s/%s: %v", port, c.d, c.proto, err)
+					}
+					got[s]++
+				}
+				if len(got) != 1 {
+					t.Errorf("pod3:%d -> %s/%s reached %v; want one endpoint", port, c.d, c.proto, got)
+				}
+			}
+		}
+		// One unconnected UDP socket: every datagram to the same
+		// endpoint (random selection spreads them).
+		err := x.pod3.Do(func() error {
+			c, err := net.ListenUDP(map[model.IPFamily]string{model.IPv4: "udp4", model.IPv6: "udp6"}[f], nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			got := map[string]int{}
+			buf := make([]byte, 512)
+			for range 12 {
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.WriteToUDPAddrPort([]byte("tok"), ap(v, 53)); err != nil {
+					return err
+				}
+				n, _, err := c.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return err
+				}
+				r, err := testnet.ParseReply(string(buf[:n]))
+				if err != nil {
+					return err
+				}
+				got[r.Server]++
+			}
+			if len(got) != 1 {
+				return fmt.Errorf("datagrams of one unconnected socket reached %v; want one endpoint", got)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		// Many identities: every endpoint. New unbound sockets (their
+		// cookies differ) and different bound ports alike.
+		x.reaches(x.pod3, "tcp", ap(v, 80), 8080, 40, all...)
+		x.reaches(x.node, "udp", ap(v, 53), 8081, 40, all...)
+		ports := portRange(41000, 60)
+		first := x.clientMap("udp", ap(v, 53), ports)
+		if n := countServers(first); len(n) != 3 {
+			t.Errorf("60 client ports reached %v; want all three endpoints", n)
+		}
+
+		// p12 leaves: the last slot's endpoint (p21) moves into its slot.
+		udp2 := svc("dns", model.UDP, v, 53, x.ep(x.p11, 8081), x.ep(x.p21, 8081))
+		x.sync([]testSvc{tcp, udp2}, udp2.sp.Name)
+		x.checkRows()
+		second := x.clientMap("udp", ap(v, 53), ports)
+		moved := 0
+		for _, p := range ports {
+			switch {
+			case second[p] == x.p12.Name:
+				t.Errorf("pod3:%d reached the removed endpoint", p)
+			case first[p] != x.p12.Name && second[p] != first[p]:
+				moved++
+			}
+		}
+		t.Logf("after a removal: %d of %d clients of the remaining endpoints moved", moved, 60-countServers(first)[x.p12.Name])
+		if moved > 3 {
+			t.Errorf("%d clients of the remaining endpoints moved when another endpoint left; want (nearly) none", moved)
+		}
+		// p12 comes back (now in the last slot): the first mapping again.
+		x.sync([]testSvc{tcp, udp}, udp.sp.Name)
+		x.checkRows()
+		if third := x.clientMap("udp", ap(v, 53), ports); !maps.Equal(third, first) {
+			t.Errorf("after the endpoint came back, clients landed on %v; want the first mapping %v", countServers(third), countServers(first))
+		}
+
+		// Session affinity keeps its own path: one endpoint per client
+		// namespace, whatever the socket.
+		sticky := svc("sticky", model.TCP, v, 81, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080))
+		sticky.sp.SessionAffinity, sticky.sp.AffinityTimeout = true, time.Hour
+		x.sync([]testSvc{tcp, udp, sticky}, sticky.sp.Name)
+		if got := x.answers(x.pod3, "tcp", ap(v, 81), 8080, 15, all...); len(got) != 1 {
+			t.Errorf("session affinity with Maglev selection reached %v; want one endpoint", got)
+		}
+
+		// The service goes: its rows too.
+		x.sync([]testSvc{udp, sticky}, tcp.sp.Name)
+		x.checkRows()
+	})
+}
+
+// checkRows checks that the Maglev map holds exactly one row per group
+// with a table, each naming the group's endpoints as Go builds the
+// table.
+func (x *fixture) checkRows() {
+	x.t.Helper()
+	rows := map[uint32][]uint32{}
+	if err := x.b.rows.scan(x.b.magMap, func(id uint32, row []uint32) { rows[id] = slices.Clone(row) }); err != nil {
+		x.t.Fatal(err)
+	}
+	want := 0
+	for name, s := range x.b.st.svcs {
+		for _, g := range s.groups {
+			if g == nil || !g.maglev {
+				continue
+			}
+			want++
+			row, ok := rows[g.id]
+			if !ok {
+				x.t.Errorf("%s: no Maglev row for group %d", name, g.id)
+				continue
+			}
+			if !slices.Equal(row, maglevTable(g.eps, x.b.cfg.MaglevTableSize, nil)) {
+				x.t.Errorf("%s: the row of group %d is not the table of %v", name, g.id, g.eps)
+			}
+		}
+	}
+	if len(rows) != want {
+		x.t.Errorf("the Maglev map holds %d rows, want %d", len(rows), want)
+	}
+}
+
+// TestMaglevFullSyncRepairs: a full sync rewrites a Maglev row changed
+// behind the backend's back, deletes rows of no group, and leaves
+// matching rows alone; a restart adopting the pinned maps rewrites
+// nothing; switching to random selection (a new process) drops the
+// tables.
+func TestMaglevFullSyncRepairs(t *testing.T) {
+	pins := bpffs(t)
+	x := maglevFixture(t, model.IPv4, func(c *Config) { c.PinPath = pins })
+	v := vip(model.IPv4, 120)
+	svcs := []testSvc{
+		svc("a", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p12, 8080)),
+		svc("b", model.TCP, v, 81, x.ep(x.p21, 8080)),
+	}
+	x.sync(svcs)
+	id := x.b.st.svcs[svcs[0].sp.Name].groups[0].id
+	bad := make([]byte, 4*x.b.cfg.MaglevTableSize)
+	for i := range bad {
+		bad[i] = 7
+	}
+	for _, k := range []uint32{id, 999} {
+		if err := x.b.magMap.Update(k, bad, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := x.fullOpsNow(svcs)
+	if len(o.putRows) != 1 || o.putRows[0].id != id || !slices.Equal(o.delRows, []uint32{999}) {
+		t.Errorf("full sync over a changed row and a stray one: writes %v, deletes %v; want group %d and [999]", o.putRows, o.delRows, id)
+	}
+	x.sync(svcs)
+	x.checkRows()
+	if o := x.fullOpsNow(svcs); !o.empty() {
+		t.Errorf("full sync with nothing changed: %+v", o)
+	}
+	x.answers(x.pod3, "tcp", ap(v, 80), 8080, 5, x.p11, x.p12)
+
+	// Restart: the new process recovers the groups and finds every row.
+	x.b.Close()
+	x.b = x.newBackend()
+	if o := x.fullOpsNow(svcs); len(o.putRows)+len(o.delRows)+len(o.putBeK)+len(o.putSvcK) != 0 {
+		t.Errorf("first full sync of a restarted process rewrites %+v", o)
+	}
+	x.sync(svcs)
+	x.checkRows()
+
+	// Random selection: the map (resized) holds no row; frontends lose
+	// the flag.
+	x.b.Close()
+	x.cfg.Selection = SelectionRandom
+	x.b = x.newBackend()
+	x.sync(svcs)
+	x.checkRows()
+	for _, s := range x.b.st.svcs {
+		for _, e := range s.fes {
+			if e.val.Flags&svcMaglev != 0 {
+				t.Errorf("%s is flagged for Maglev with random selection", e.key)
+			}
+		}
+	}
+	x.reaches(x.pod3, "tcp", ap(v, 80), 8080, 30, x.p11, x.p12)
+}
+
+// fullOpsNow computes what a full sync of svcs would write now, without
+// writing it.
+func (x *fixture) fullOpsNow(svcs []testSvc) *ops {
+	x.t.Helper()
+	b := x.b
+	req := request(x.f, svcs, nil)
+	k, err := b.readKernel(b.st == nil)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	ids := b.ids
+	if b.st == nil {
+		b.ids.next = max(b.ids.next, maxID(k.svc, k.be)+1)
+	}
+	nodes, err := b.nodeAddrs()
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	st, _ := b.renderAll(req, k)
+	o, err := b.fullOps(st, k, nodes)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	b.ids = ids
+	return o
+}
+
+// TestPodNetNSAddRemove: a pod namespace added after New is translated
+// at once (no sync); removed, it is not any more; the node's namespace
+// cannot be removed. Through the Proxier API too.
+func TestPodNetNSAddRemove(t *testing.T) {
+	x := newFixture(t, model.IPv4, func(c *Config) { c.PodNetNS = nil })
+	v := vip(model.IPv4, 130)
+	x.sync([]testSvc{svc("web", model.TCP, v, 80, x.ep(x.p11, 8080))})
+	untranslated := func() {
+		t.Helper()
+		if r := x.pod3.TCP(ap(v, 80), 500*time.Millisecond); r.Outcome == testnet.Answered {
+			t.Errorf("pod3 outside the translated namespaces reached the service: %v", r)
+		}
+	}
+	untranslated()
+	pod3 := x.tn.Node1.Pods[2].Path()
+	if err := x.b.dp.addPodNetNS(pod3); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.b.dp.addPodNetNS(pod3); err != nil {
+		t.Fatalf("adding a namespace twice: %v", err)
+	}
+	x.answers(x.pod3, "tcp", ap(v, 80), 8080, 3, x.p11)
+	if n := x.netnsCount(); n != 2 {
+		t.Errorf("pk_netns holds %d namespaces, want the node's and pod3's", n)
+	}
+	// A full sync keeps it.
+	x.sync([]testSvc{svc("web", model.TCP, v, 80, x.ep(x.p11, 8080))})
+	x.answers(x.pod3, "tcp", ap(v, 80), 8080, 3, x.p11)
+	if err := x.b.dp.removePodNetNS(pod3); err != nil {
+		t.Fatal(err)
+	}
+	untranslated()
+	if err := x.b.dp.removePodNetNS(pod3); err != nil {
+		t.Errorf("removing a namespace twice: %v", err)
+	}
+	if err := x.b.dp.removePodNetNS(x.tn.Node1.Path()); err == nil {
+		t.Error("the node's namespace was removed")
+	}
+	x.sync([]testSvc{svc("web", model.TCP, v, 80, x.ep(x.p11, 8080))})
+	untranslated()
+	x.answers(x.node, "tcp", ap(v, 80), 8080, 3, x.p11)
+
+	// The Proxier's methods, on a proxier of its own.
+	p, err := NewProxier(Config{
+		Config:     proxier.Config{NetNS: x.tn.Node1.Path(), Families: []model.IPFamily{model.IPv4}, Logger: testLogger(t)},
+		CgroupPath: emptyCgroup(t),
+		SocketOnly: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddPodNetNS(x.tn.Node1.Pods[0].Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddPodNetNS("/nonexistent/netns"); err == nil {
+		t.Error("AddPodNetNS of a missing path succeeded")
+	}
+	if n := len(p.dp.nss); n != 2 {
+		t.Errorf("%d namespaces after AddPodNetNS, want 2", n)
+	}
+	if err := p.RemovePodNetNS(x.tn.Node1.Pods[0].Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(p.Cleanup(context.Background()), p.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddPodNetNS(x.tn.Node1.Pods[0].Path()); err == nil {
+		t.Error("AddPodNetNS after Close succeeded")
+	}
+}
+
+func (x *fixture) netnsCount() int {
+	n := 0
+	if err := readAll(x.b.dp.objs.PkNetns, func(uint64, uint8) { n++ }); err != nil {
+		x.t.Fatal(err)
+	}
+	return n
+}

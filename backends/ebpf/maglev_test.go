@@ -1,0 +1,293 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// endpointSet returns n distinct endpoints; set picks one of many
+// different address ranges.
+func endpointSet(set, n int) []netip.AddrPort {
+	out := make([]netip.AddrPort, n)
+	for i := range out {
+		k := set*1000 + i
+		out[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(64 + k>>16), byte(k >> 8), byte(k)}), uint16(8080+set%3))
+	}
+	return out
+}
+
+// owners returns the endpoint of every entry of a table of indices into eps.
+func owners(eps []netip.AddrPort, table []uint32) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(table))
+	for i, e := range table {
+		out[i] = eps[e]
+	}
+	return out
+}
+
+// TestMaglevTableSpread: every endpoint holds ⌊M/N⌋ or ⌈M/N⌉ entries,
+// so shares differ by at most one entry (1% at 10 endpoints in 1021).
+func TestMaglevTableSpread(t *testing.T) {
+	for _, m := range []int{1021, 251, 16381} {
+		for _, n := range []int{1, 2, 3, 7, 10, 33, 100} {
+			eps := endpointSet(n, n)
+			table := maglevTable(eps, m, nil)
+			if len(table) != m {
+				t.Fatalf("M=%d N=%d: table of %d entries", m, n, len(table))
+			}
+			count := make([]int, n)
+			for _, e := range table {
+				if int(e) >= n {
+					t.Fatalf("M=%d N=%d: entry %d is no endpoint", m, n, e)
+				}
+				count[e]++
+			}
+			lo, hi := slices.Min(count), slices.Max(count)
+			if lo < m/n || hi > (m+n-1)/n {
+				t.Errorf("M=%d N=%d: endpoints hold %d to %d entries, want %d to %d", m, n, lo, hi, m/n, (m+n-1)/n)
+			}
+			if m >= 1021 && n <= 10 && float64(hi-lo)/float64(lo) > 0.03 {
+				t.Errorf("M=%d N=%d: shares differ by %.1f%%", m, n, 100*float64(hi-lo)/float64(lo))
+			}
+		}
+	}
+	// More endpoints than entries: each entry a different endpoint.
+	table := maglevTable(endpointSet(1, 20), 7, nil)
+	if s := slices.Compact(slices.Sorted(slices.Values(table))); len(s) != 7 {
+		t.Errorf("20 endpoints in 7 entries: %v, want 7 different ones", table)
+	}
+}
+
+// TestMaglevTableDisruption: when one endpoint of N leaves, its entries
+// go to the others and only a few percent of the others' entries move
+// (a modulo over the endpoints would move most); when one joins, it
+// takes about 1/(N+1) of the table and only a few percent more move.
+// The extra moves grow with N/M (the Maglev paper, figure 11): on
+// average, 0.4% at 3 endpoints in 1021 entries, 2.5% at 10, 4% at 30.
+func TestMaglevTableDisruption(t *testing.T) {
+	const m = 1021
+	for _, n := range []int{3, 10, 30} {
+		var sumRemove, sumAdd float64
+		const sets = 40
+		for set := range sets {
+			all := endpointSet(set, n+1)
+			eps := all[:n]
+			before := owners(eps, maglevTable(eps, m, nil))
+			gone := eps[set%n]
+			rest := slices.DeleteFunc(slices.Clone(eps), func(a netip.AddrPort) bool { return a == gone })
+			after := owners(rest, maglevTable(rest, m, nil))
+			moved := 0
+			for i := range before {
+				switch {
+				case before[i] == gone && after[i] == gone:
+					t.Fatalf("entry %d still on the removed endpoint", i)
+				case before[i] != gone && after[i] != before[i]:
+					moved++
+				}
+			}
+			fr := float64(moved) / m
+			sumRemove += fr
+			if fr > 0.10 {
+				t.Errorf("N=%d set %d: removing one endpoint moved %.1f%% of the others' entries", n, set, 100*fr)
+			}
+			grown := owners(all, maglevTable(all, m, nil))
+			changed := 0
+			for i := range before {
+				if grown[i] != before[i] {
+					changed++
+				}
+			}
+			fa := float64(changed)/m - 1/float64(n+1)
+			sumAdd += fa
+			if fa > 0.10 {
+				t.Errorf("N=%d set %d: adding one endpoint moved %.1f%% more than its share", n, set, 100*fa)
+			}
+		}
+		t.Logf("N=%d M=%d: on average, a removal moves %.2f%% of the other entries; an addition %.2f%% beyond the newcomer's share",
+			n, m, 100*sumRemove/sets, 100*sumAdd/sets)
+		if avg := sumRemove / sets; avg > 0.05 {
+			t.Errorf("N=%d: a removal moves %.1f%% of the other entries on average", n, 100*avg)
+		}
+		if avg := sumAdd / sets; avg > 0.05 {
+			t.Errorf("N=%d: an addition moves %.1f%% beyond its share on average", n, 100*avg)
+		}
+	}
+}
+
+// TestMaglevTableDeterministic: the table is a function of the set of
+// endpoints: the same for any order, and for every call.
+func TestMaglevTableDeterministic(t *testing.T) {
+	eps := endpointSet(7, 12)
+	want := owners(eps, maglevTable(eps, 1021, nil))
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 10 {
+		shuffled := slices.Clone(eps)
+		r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		if got := owners(shuffled, maglevTable(shuffled, 1021, nil)); !slices.Equal(got, want) {
+			t.Fatal("the table depends on the order of the endpoints")
+		}
+	}
+	// IPv6 endpoints and ports count.
+	v6 := []netip.AddrPort{netip.MustParseAddrPort("[fd00::1]:80"), netip.MustParseAddrPort("[fd00::1]:81"), netip.MustParseAddrPort("[fd00::2]:80")}
+	count := map[uint32]int{}
+	for _, e := range maglevTable(v6, 1021, nil) {
+		count[e]++
+	}
+	if len(count) != 3 {
+		t.Errorf("IPv6 endpoints differing in the port share %v", count)
+	}
+	if maglevTable(nil, 1021, nil) != nil {
+		t.Error("a table without endpoints")
+	}
+}
+
+func TestMaglevTableSize(t *testing.T) {
+	for _, c := range []struct {
+		m  int
+		ok bool
+	}{{1021, true}, {2, true}, {16381, true}, {131071, true}, {1, false}, {1000, false}, {1023, false}, {131101, false}} {
+		if err := checkMaglevTableSize(c.m); (err == nil) != c.ok {
+			t.Errorf("MaglevTableSize %d: %v", c.m, err)
+		}
+	}
+}
+
+// TestRowWriterView: the batch buffer is handed to the batch operations
+// as rows of the table size, without copying.
+func TestRowWriterView(t *testing.T) {
+	w := newRowWriter(7, maphash.MakeSeed())
+	buf := w.batch(rowsPerBatch(7))
+	if len(buf) != 7*rowsPerBatch(7) {
+		t.Fatalf("buffer of %d entries", len(buf))
+	}
+	buf[7] = 42
+	v := reflect.ValueOf(w.view(3))
+	if v.Len() != 3 || v.Type().Elem().Len() != 7 || v.Index(1).Index(0).Uint() != 42 {
+		t.Errorf("view: %v", v)
+	}
+	if binary.Size(w.view(3)) != 3*7*4 {
+		t.Errorf("view of 3 rows is %d bytes", binary.Size(w.view(3)))
+	}
+	if n := rowsPerBatch(1021); n != 256 {
+		t.Errorf("%d rows of 1021 per batch", n)
+	}
+	if n := rowsPerBatch(131071); n != 16 {
+		t.Errorf("%d rows of 131071 per batch", n)
+	}
+}
+
+// TestPlanTables: groups use a table with Maglev selection only; an
+// unchanged group keeps its fingerprint (not rebuilt); a service port
+// beyond MaxMaglevTables picks at random; frontends carry the flag.
+func TestPlanTables(t *testing.T) {
+	b := &backend{cfg: Config{Selection: SelectionMaglev, MaglevTableSize: 7, MaxMaglevTables: 2}.WithDefaults(), rows: newRowWriter(7, maphash.MakeSeed())}
+	ids := &idAllocator{}
+	e := func(ss ...string) []*model.Endpoint {
+		var out []*model.Endpoint
+		for _, a := range aps(ss...) {
+			out = append(out, &model.Endpoint{Addr: a, Ready: true, Serving: true})
+		}
+		return out
+	}
+	sp := func(name string, ip string) *model.ServicePort {
+		return &model.ServicePort{Name: spName(name, model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP}
+	}
+	st := newState()
+	mk := func(p *model.ServicePort, eps []*model.Endpoint, prev *svcState) *svcState {
+		s, err := render(model.IPv4, p, &proxier.Targets{Internal: eps, External: eps, HasEndpoints: len(eps) > 0}, prev, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.planTables(s, prev)
+		if prev != nil {
+			st.release(p.Name)
+		}
+		if err := st.admit(p.Name, s, &b.cfg, model.IPv4); err != nil {
+			t.Fatal(err)
+		}
+		var gs []*group
+		for _, g := range s.groups {
+			if g != nil && g.maglev && !g.hasSum {
+				gs = append(gs, g)
+			}
+		}
+		b.rows.build(gs, b.rows.batch(len(gs)+1)) // as a write does
+		return s
+	}
+	a := mk(sp("a", "10.96.0.1"), e("10.244.1.1:80", "10.244.1.2:80"), nil)
+	if g := a.groups[0]; !g.maglev || !g.hasSum || a.fes[0].val.Flags&svcMaglev == 0 {
+		t.Fatalf("group %+v, frontend %+v: want a table and the flag", g, a.fes[0])
+	}
+	if want := tableSum(b.rows.seed, maglevTable(a.groups[0].eps, 7, nil)); a.groups[0].sum != want {
+		t.Errorf("fingerprint %x, want %x", a.groups[0].sum, want)
+	}
+	a2 := mk(sp("a", "10.96.0.1"), e("10.244.1.2:80", "10.244.1.1:80"), a)
+	if g := a2.groups[0]; !g.hasSum || g.sum != a.groups[0].sum {
+		t.Errorf("unchanged endpoints: fingerprint lost")
+	}
+	none := mk(sp("none", "10.96.0.2"), nil, nil)
+	if len(none.fes) != 1 || none.fes[0].val.Flags&svcMaglev != 0 || none.groups[0].maglev {
+		t.Errorf("service without endpoints: %+v uses a table", none.fes)
+	}
+	mk(sp("b", "10.96.0.3"), e("10.244.1.3:80"), nil)
+	c := mk(sp("c", "10.96.0.4"), e("10.244.1.4:80"), nil)
+	if c.groups[0].maglev || c.fes[0].val.Flags&svcMaglev != 0 || st.noTable != 1 || st.ntables != 2 {
+		t.Errorf("beyond MaxMaglevTables: maglev %v, flags %d, noTable %d, tables %d; want random selection", c.groups[0].maglev, c.fes[0].val.Flags, st.noTable, st.ntables)
+	}
+	big := mk(sp("big", "10.96.0.5"), e("10.244.2.1:80", "10.244.2.2:80", "10.244.2.3:80", "10.244.2.4:80", "10.244.2.5:80", "10.244.2.6:80", "10.244.2.7:80", "10.244.2.8:80"), nil)
+	if big.groups[0].maglev {
+		t.Error("a group with more endpoints than table entries uses a table")
+	}
+
+	// Incremental row ops: unchanged -> nothing; changed -> a write;
+	// deleted -> a delete.
+	o := &ops{}
+	tableOps(o, a, a2)
+	if len(o.putRows)+len(o.delRows) != 0 {
+		t.Errorf("unchanged table: ops %+v", o)
+	}
+	a3 := mk(sp("a", "10.96.0.1"), e("10.244.1.2:80"), a2)
+	tableOps(o, a2, a3)
+	if len(o.putRows) != 1 || o.putRows[0] != a3.groups[0] {
+		t.Errorf("changed table: ops %+v", o)
+	}
+	o = &ops{}
+	tableOps(o, a3, nil)
+	if !slices.Equal(o.delRows, []uint32{a3.groups[0].id}) {
+		t.Errorf("deleted service: ops %+v", o)
+	}
+
+	// Random selection: no table, no flag.
+	b.cfg.Selection = SelectionRandom
+	r := mk(sp("r", "10.96.0.9"), e("10.244.1.9:80"), nil)
+	if r.groups[0].maglev || r.fes[0].val.Flags != 0 {
+		t.Errorf("random selection: %+v", r.fes)
+	}
+}
+
+func TestParseSelection(t *testing.T) {
+	for _, s := range []Selection{SelectionRandom, SelectionMaglev} {
+		if got, err := ParseSelection(s.String()); err != nil || got != s {
+			t.Errorf("ParseSelection(%q) = %v, %v", s, got, err)
+		}
+	}
+	if _, err := ParseSelection("roundrobin"); err == nil {
+		t.Error("ParseSelection accepted an unknown name")
+	}
+}
+
+func BenchmarkMaglevTable(b *testing.B) {
+	eps := endpointSet(1, 10)
+	var into []uint32
+	for b.Loop() {
+		into = maglevTable(eps, DefaultMaglevTableSize, into)
+	}
+}
