@@ -178,8 +178,9 @@ type rowWriter struct {
 	m    int // entries per table
 	seed maphash.Seed
 	buf  []uint32
-	// rows is buf seen as a slice of [m]uint32 (a type made at run time),
-	// the form the batch operations take without copying.
+	// rows is buf seen as an array of [m]uint32 rows (types made at
+	// run time); its slices are what the batch operations take without
+	// copying.
 	rows reflect.Value
 }
 
@@ -187,8 +188,7 @@ func newRowWriter(m int, seed maphash.Seed) *rowWriter {
 	return &rowWriter{m: m, seed: seed}
 }
 
-// batch returns the buffer for n rows, and the value the batch
-// operations take for its first k rows.
+// batch returns the buffer for n rows, allocated at the first call.
 func (w *rowWriter) batch(n int) []uint32 {
 	if len(w.buf) < n*w.m {
 		w.buf = make([]uint32, n*w.m)
