@@ -590,3 +590,31 @@ func (e *Engine) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// NewPerFamily builds one backend per family of cfg.Families (both when
+// empty) with newBackend and returns the engine around them, the way a
+// backend package's New does. On any error the backends already built are
+// closed.
+func NewPerFamily(cfg Config, newBackend func(model.IPFamily) (Backend, error)) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	var backends []Backend
+	closeAll := func() {
+		for _, b := range backends {
+			b.Close()
+		}
+	}
+	for _, f := range cfg.Families {
+		b, err := newBackend(f)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		backends = append(backends, b)
+	}
+	e, err := New(cfg, backends...)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return e, nil
+}

@@ -287,3 +287,53 @@ func TestEngineTargetsFollowEndpoints(t *testing.T) {
 		t.Fatalf("changed = %v, want [%s]", last.changed, name)
 	}
 }
+
+// closeCounter is a recorder that counts its Close calls.
+type closeCounter struct {
+	*recorder
+	closed *int
+}
+
+func (c closeCounter) Close() error { *c.closed++; return nil }
+
+func TestNewPerFamily(t *testing.T) {
+	cfg := Config{NoConntrackCleanup: true, NoServiceHealthChecks: true}
+	closed := 0
+	var built []model.IPFamily
+	e, err := NewPerFamily(cfg, func(f model.IPFamily) (Backend, error) {
+		built = append(built, f)
+		return closeCounter{newRecorder(f), &closed}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(built) != 2 || built[0] != model.IPv4 || built[1] != model.IPv6 {
+		t.Errorf("built %v, want IPv4 and IPv6 (the default families)", built)
+	}
+	e.Close()
+	if closed != 2 {
+		t.Errorf("Close closed %d backends, want 2", closed)
+	}
+
+	// A failure in the second family closes the first and returns the error.
+	closed = 0
+	boom := errors.New("boom")
+	_, err = NewPerFamily(cfg, func(f model.IPFamily) (Backend, error) {
+		if f == model.IPv6 {
+			return nil, boom
+		}
+		return closeCounter{newRecorder(f), &closed}, nil
+	})
+	if !errors.Is(err, boom) || closed != 1 {
+		t.Errorf("err %v, %d backends closed; want boom and 1", err, closed)
+	}
+
+	// The engine refusing the backends closes them too.
+	closed = 0
+	cfg.Families = []model.IPFamily{model.IPv4, model.IPv4}
+	if _, err = NewPerFamily(cfg, func(f model.IPFamily) (Backend, error) {
+		return closeCounter{newRecorder(f), &closed}, nil
+	}); err == nil || closed != 2 {
+		t.Errorf("two IPv4 backends: err %v, %d closed; want an error and 2", err, closed)
+	}
+}

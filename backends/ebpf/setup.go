@@ -233,25 +233,11 @@ func NewProxier(cfg Config) (*Proxier, error) {
 	if err != nil {
 		return nil, err
 	}
-	var backends []proxier.Backend
-	closeAll := func() {
-		for _, b := range backends {
-			b.Close()
-		}
-	}
-	for _, f := range cfg.Families {
-		b, err := newBackend(cfg, f, dp)
-		if err != nil {
-			closeAll()
-			dp.release()
-			return nil, err
-		}
-		backends = append(backends, b)
-	}
-	dp.release() // the backends hold it now
-	e, err := proxier.New(cfg.Config, backends...)
+	e, err := proxier.NewPerFamily(cfg.Config, func(f model.IPFamily) (proxier.Backend, error) {
+		return newBackend(cfg, f, dp)
+	})
+	dp.release() // the backends hold it now, or none was built
 	if err != nil {
-		closeAll()
 		return nil, err
 	}
 	return &Proxier{Engine: e, dp: dp}, nil

@@ -104,26 +104,9 @@ func New(cfg Config) (proxier.Proxier, error) {
 		}
 		cfg.Mode = m
 	}
-	var backends []proxier.Backend
-	closeAll := func() {
-		for _, b := range backends {
-			b.Close()
-		}
-	}
-	for _, f := range cfg.Families {
-		b, err := NewBackend(cfg, f)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		backends = append(backends, b)
-	}
-	p, err := proxier.New(cfg.Config, backends...)
-	if err != nil {
-		closeAll()
-		return nil, err
-	}
-	return p, nil
+	return proxier.NewPerFamily(cfg.Config, func(f model.IPFamily) (proxier.Backend, error) {
+		return NewBackend(cfg, f)
+	})
 }
 
 // setupTimeout bounds the programs New and NewBackend run.

@@ -28,26 +28,9 @@ import (
 // [*UnsupportedError] naming it.
 func New(cfg Config) (proxier.Proxier, error) {
 	cfg = cfg.WithDefaults()
-	var backends []proxier.Backend
-	closeAll := func() {
-		for _, b := range backends {
-			b.Close()
-		}
-	}
-	for _, f := range cfg.Families {
-		b, err := NewBackend(cfg, f)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		backends = append(backends, b)
-	}
-	p, err := proxier.New(cfg.Config, backends...)
-	if err != nil {
-		closeAll()
-		return nil, err
-	}
-	return p, nil
+	return proxier.NewPerFamily(cfg.Config, func(f model.IPFamily) (proxier.Backend, error) {
+		return NewBackend(cfg, f)
+	})
 }
 
 // UnsupportedError says which kernel feature the backend found missing. It
