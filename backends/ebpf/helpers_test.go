@@ -1,21 +1,15 @@
 package ebpf
 
 import (
-	"bufio"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/cgroup2"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -77,55 +71,17 @@ func mustSync(tb testing.TB, b proxier.Backend, req *proxier.SyncRequest) {
 	}
 }
 
-// cgroup2Mount returns where the cgroup v2 hierarchy is mounted.
-func cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// ... mount point (field 5) ... " - " fstype ...
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok || !strings.HasPrefix(post, "cgroup2 ") {
-			continue
-		}
-		if fs := strings.Fields(pre); len(fs) >= 5 {
-			return fs[4], nil
-		}
-	}
-	return "", errors.New("no cgroup2 file system mounted")
-}
-
-// ownCgroup returns the cgroup v2 directory of the process.
-func ownCgroup(mount string) (string, error) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(l, "0::"); ok {
-			return filepath.Join(mount, p), nil
-		}
-	}
-	return "", errors.New("process has no cgroup v2 membership")
-}
-
 // emptyCgroup creates a cgroup v2 directory of the test's own, with no
 // process in it, removed at the end: programs attached there run for
 // nobody, which is all a benchmark of map writes needs.
 func emptyCgroup(tb testing.TB) string {
 	tb.Helper()
 	testnet.RequireRoot(tb)
-	mount, err := cgroup2Mount()
-	if err != nil {
+	if _, err := cgroup2.Mount(); err != nil {
 		tb.Skipf("needs cgroup v2: %v", err)
 	}
-	var id [4]byte
-	rand.Read(id[:])
-	dir := filepath.Join(mount, "proxykit-ebpf-test-"+hex.EncodeToString(id[:]))
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	dir, err := cgroup2.Create("proxykit-ebpf-test-")
+	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
@@ -144,32 +100,16 @@ func emptyCgroup(tb testing.TB) string {
 func newCgroup(tb testing.TB) string {
 	tb.Helper()
 	testnet.RequireRoot(tb)
-	mount, err := cgroup2Mount()
-	if err != nil {
+	if _, err := cgroup2.Mount(); err != nil {
 		tb.Skipf("needs cgroup v2: %v", err)
 	}
-	orig, err := ownCgroup(mount)
+	dir, leave, err := cgroup2.Enter("proxykit-ebpf-test-")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var id [4]byte
-	rand.Read(id[:])
-	dir := filepath.Join(mount, "proxykit-ebpf-test-"+hex.EncodeToString(id[:]))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
-		os.Remove(dir)
-		tb.Fatalf("move the test process into %s: %v", dir, err)
-	}
 	tb.Cleanup(func() {
-		if err := os.WriteFile(filepath.Join(orig, "cgroup.procs"), pid, 0); err != nil {
-			tb.Errorf("move the test process back to %s: %v", orig, err)
-			return
-		}
-		if err := os.Remove(dir); err != nil {
-			tb.Errorf("remove cgroup: %v", err)
+		if err := leave(); err != nil {
+			tb.Error(err)
 		}
 	})
 	return dir

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/proxykit/proxykit/internal/bench/scale"
+	"github.com/proxykit/proxykit/internal/cgroup2"
 	"github.com/proxykit/proxykit/internal/testnet"
 )
 
@@ -122,7 +123,7 @@ func run(ctx context.Context, o Options) (*Report, error) {
 	r := &runner{o: o, exe: exe, start: time.Now()}
 	r.deadline = r.start.Add(o.TimeLimit)
 	r.iptFlavour = hostIPTablesFlavour()
-	r.cgroup2, _ = cgroup2Mount()
+	r.cgroup2, _ = cgroup2.Mount()
 	rep := &Report{Started: r.start, Command: o.Command, Machine: describeMachine()}
 	rep.Options.Changes, rep.Options.ChangesTime, rep.Options.Connects = o.Changes, o.ChangesTime, o.Connects
 	rep.Options.TimeLimit, rep.Options.CaseLimit, rep.Options.MaxServices = o.TimeLimit, o.CaseLimit, o.MaxServices
@@ -550,27 +551,6 @@ func removeCgroup(dir string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	fmt.Fprintf(os.Stderr, "bench: could not remove cgroup %s\n", dir)
-}
-
-// cgroup2Mount returns where the cgroup v2 hierarchy is mounted.
-func cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// ... mount point (field 5) ... " - " fstype ...
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok || !strings.HasPrefix(post, "cgroup2 ") {
-			continue
-		}
-		if fs := strings.Fields(pre); len(fs) >= 5 {
-			return fs[4], nil
-		}
-	}
-	return "", errors.New("no cgroup2 file system mounted")
 }
 
 // tailBuffer keeps the last max bytes written to it.
