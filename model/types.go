@@ -19,6 +19,31 @@ const (
 // Valid reports whether p is one of [TCP], [UDP] or [SCTP].
 func (p Protocol) Valid() bool { return p == TCP || p == UDP || p == SCTP }
 
+// Number returns the IP protocol number of p (IANA: TCP 6, UDP 17, SCTP
+// 132), or 0 for an invalid p.
+func (p Protocol) Number() uint8 {
+	switch p {
+	case TCP:
+		return 6
+	case UDP:
+		return 17
+	case SCTP:
+		return 132
+	}
+	return 0
+}
+
+// ProtocolOfNumber returns the protocol of IP protocol number n, and false
+// when n is none of [TCP], [UDP] and [SCTP].
+func ProtocolOfNumber(n uint8) (Protocol, bool) {
+	for _, p := range []Protocol{TCP, UDP, SCTP} {
+		if p.Number() == n {
+			return p, true
+		}
+	}
+	return "", false
+}
+
 // Connectionless reports whether conntrack entries of p outlive a changed
 // backend and must be flushed when the backend goes away (UDP and SCTP).
 func (p Protocol) Connectionless() bool { return p == UDP || p == SCTP }

@@ -147,13 +147,10 @@ func (k feKey) String() string {
 // protoNumber returns the IP protocol number of p, or 0 for a protocol
 // the socket programs do not handle (SCTP).
 func protoNumber(p model.Protocol) uint8 {
-	switch p {
-	case model.TCP:
-		return unix.IPPROTO_TCP
-	case model.UDP:
-		return unix.IPPROTO_UDP
+	if p == model.SCTP {
+		return 0
 	}
-	return 0
+	return p.Number()
 }
 
 func be16(p uint16) (b [2]byte) {

@@ -26,7 +26,7 @@ type ipvsTable struct {
 	fam model.IPFamily
 }
 
-func ipvsProto(p model.Protocol) uint16 { return uint16(protoNum(p)) }
+func ipvsProto(p model.Protocol) uint16 { return uint16(p.Number()) }
 
 func (t *ipvsTable) afi() uint16 {
 	if t.fam == model.IPv6 {
@@ -99,8 +99,8 @@ func (t *ipvsTable) list() ([]kernelVS, error) {
 			continue
 		}
 		a, ok := netip.AddrFromSlice(s.Address)
-		p := protoOf(byte(s.Protocol))
-		if !ok || p == "" {
+		p, known := model.ProtocolOfNumber(byte(s.Protocol))
+		if !ok || !known {
 			continue
 		}
 		k := kernelVS{Key: vsKey{Addr: a.Unmap(), Proto: p, Port: s.Port}, Sched: s.SchedName}

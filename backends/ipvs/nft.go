@@ -107,35 +107,11 @@ func (f *family) addr(a netip.Addr) []byte {
 	return b[:]
 }
 
-func protoNum(p model.Protocol) byte {
-	switch p {
-	case model.TCP:
-		return unix.IPPROTO_TCP
-	case model.UDP:
-		return unix.IPPROTO_UDP
-	case model.SCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return 0
-}
-
-func protoOf(n byte) model.Protocol {
-	switch n {
-	case unix.IPPROTO_TCP:
-		return model.TCP
-	case unix.IPPROTO_UDP:
-		return model.UDP
-	case unix.IPPROTO_SCTP:
-		return model.SCTP
-	}
-	return ""
-}
-
 // keyBytes encodes address . protocol . port, each field padded to 4
 // bytes as in a concatenation.
 func (f *family) keyBytes(k vsKey) []byte {
 	b := f.addr(k.Addr)
-	b = append(b, protoNum(k.Proto), 0, 0, 0)
+	b = append(b, k.Proto.Number(), 0, 0, 0)
 	return append(b, byte(k.Port>>8), byte(k.Port), 0, 0)
 }
 
@@ -146,7 +122,8 @@ func (f *family) decodeKey(b []byte) (vsKey, bool) {
 		return vsKey{}, false
 	}
 	a, _ := netip.AddrFromSlice(b[:n])
-	return vsKey{Addr: a.Unmap(), Proto: protoOf(b[n]), Port: binary.BigEndian.Uint16(b[n+4:])}, true
+	p, _ := model.ProtocolOfNumber(b[n]) // "" when unknown
+	return vsKey{Addr: a.Unmap(), Proto: p, Port: binary.BigEndian.Uint16(b[n+4:])}, true
 }
 
 // element encodes e.
@@ -446,7 +423,7 @@ func (n *nftConn) addSkeleton(f *family, cfg *Config) error {
 		var els []nftables.SetElement
 		if name == setProtocols {
 			for _, p := range []model.Protocol{model.TCP, model.UDP, model.SCTP} {
-				els = append(els, nftables.SetElement{Key: []byte{protoNum(p)}})
+				els = append(els, nftables.SetElement{Key: []byte{p.Number()}})
 			}
 		}
 		if err := n.c.AddSet(s, els); err != nil {

@@ -146,18 +146,6 @@ func (fi *familyInfo) addr(a netip.Addr) []byte {
 	return b[:]
 }
 
-func l4proto(p model.Protocol) byte {
-	switch p {
-	case model.TCP:
-		return unix.IPPROTO_TCP
-	case model.UDP:
-		return unix.IPPROTO_UDP
-	case model.SCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return 0
-}
-
 func port(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
 
 func u32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
@@ -165,13 +153,13 @@ func u32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
 // ipKey is the key of setServiceIPs, setNoEndpointIPs and setFirewallIPs:
 // daddr . l4proto . dport.
 func (fi *familyInfo) ipKey(a netip.Addr, p model.Protocol, pt uint16) []byte {
-	k := append(fi.addr(a), l4proto(p), 0, 0, 0)
+	k := append(fi.addr(a), p.Number(), 0, 0, 0)
 	return append(k, port(pt)...)
 }
 
 // portKey is the key of the node port maps: l4proto . dport.
 func portKey(p model.Protocol, pt uint16) []byte {
-	return append([]byte{l4proto(p), 0, 0, 0}, port(pt)...)
+	return append([]byte{p.Number(), 0, 0, 0}, port(pt)...)
 }
 
 // Endpoint map keys. An endpoint map is an interval map (ordered by

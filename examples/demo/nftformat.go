@@ -10,6 +10,8 @@ import (
 	gnft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/model"
 )
 
 // Formatting of nftables objects read over netlink.
@@ -153,7 +155,8 @@ func formatValue(types []gnft.SetDatatype, b []byte) string {
 			a, _ := netip.AddrFromSlice(v)
 			parts = append(parts, a.String())
 		case "inet_proto":
-			parts = append(parts, map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}[v[0]])
+			p, _ := model.ProtocolOfNumber(v[0])
+			parts = append(parts, strings.ToLower(string(p)))
 		case "inet_service":
 			parts = append(parts, fmt.Sprint(binary.BigEndian.Uint16(v)))
 		case "mark":

@@ -13,6 +13,7 @@ import (
 
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/model"
 )
 
 // showIPVS prints the IPVS virtual servers in the node's namespace and
@@ -35,7 +36,11 @@ func showIPVS(ctx context.Context, w io.Writer, node *testnet.Node, name func(ne
 	for _, s := range svcs {
 		a, _ := netip.AddrFromSlice(s.Address)
 		ap := netip.AddrPortFrom(a.Unmap(), s.Port)
-		head := fmt.Sprintf("%-4s %-22s %-3s", protoName(s.Protocol), ap, s.SchedName)
+		proto, ok := model.ProtocolOfNumber(uint8(s.Protocol))
+		if !ok {
+			proto = model.Protocol(fmt.Sprint(s.Protocol))
+		}
+		head := fmt.Sprintf("%-4s %-22s %-3s", strings.ToLower(string(proto)), ap, s.SchedName)
 		if s.Flags&0x1 != 0 { // IP_VS_SVC_F_PERSISTENT
 			head += fmt.Sprintf(" persistent %ds", s.Timeout)
 		}
@@ -66,16 +71,4 @@ func showIPVS(ctx context.Context, w io.Writer, node *testnet.Node, name func(ne
 		fmt.Fprintln(w, "  "+l.text)
 	}
 	return nil
-}
-
-func protoName(p uint16) string {
-	switch p {
-	case 6:
-		return "tcp"
-	case 17:
-		return "udp"
-	case 132:
-		return "sctp"
-	}
-	return fmt.Sprint(p)
 }
