@@ -7,6 +7,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/conntrack"
 	"github.com/proxykit/proxykit/internal/netns"
 )
 
@@ -43,7 +44,7 @@ func (e *env) untranslatedLeft(addr netip.Addr, wait time.Duration) int {
 		}
 		n := 0
 		for _, f := range flows {
-			if untranslatedSYN(f, addr) {
+			if dst, ok := netip.AddrFromSlice(f.Forward.DstIP); ok && dst.Unmap() == addr && conntrack.UntranslatedSYN(f) {
 				n++
 			}
 		}
@@ -52,17 +53,4 @@ func (e *env) untranslatedLeft(addr netip.Addr, wait time.Duration) int {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// untranslatedSYN reports whether f is an unanswered TCP SYN to addr
-// whose reply is expected from addr itself: no DNAT was applied.
-func untranslatedSYN(f *netlink.ConntrackFlow, addr netip.Addr) bool {
-	const synSent, synSent2 = 1, 9
-	info, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP)
-	if f.Forward.Protocol != unix.IPPROTO_TCP || !ok || (info.State != synSent && info.State != synSent2) {
-		return false
-	}
-	dst, ok1 := netip.AddrFromSlice(f.Forward.DstIP)
-	src, ok2 := netip.AddrFromSlice(f.Reverse.SrcIP)
-	return ok1 && ok2 && dst.Unmap() == addr && src.Unmap() == addr
 }

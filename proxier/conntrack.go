@@ -66,7 +66,7 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 		}
 		if !sp.Protocol.Connectionless() {
 			if old := last[name]; old != sp {
-				addAppeared(valid, old, sp)
+				addMissing(valid, sp, old, false)
 			}
 			last[name] = sp
 			return
@@ -78,7 +78,7 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 		addFrontends(valid, sp, internal, external)
 		if old := last[name]; old != nil && old != sp {
 			// Addresses the port no longer has are dead too.
-			addGone(valid, old, sp)
+			addMissing(valid, old, sp, true)
 		}
 		last[name] = sp
 	}
@@ -133,43 +133,20 @@ func addFrontends(valid conntrack.Valid, sp *model.ServicePort, internal, extern
 	}
 }
 
-// addAppeared adds the TCP frontends (service addresses, not node ports)
-// that sp has and old, which may be nil, had not: the untranslated SYNs
-// sent to them before they were programmed are to be deleted.
-func addAppeared(valid conntrack.Valid, old, sp *model.ServicePort) {
-	had := map[netip.Addr]bool{}
-	if old != nil && old.Port == sp.Port {
-		had[old.ClusterIP] = true
-		for _, ip := range old.ExternalIPs {
-			had[ip] = true
-		}
-		for _, ip := range old.LoadBalancerIPs {
-			had[ip] = true
-		}
+// addMissing marks the frontends that sp has and other, which may be nil,
+// has not as having no valid endpoint; node-port frontends only when
+// withNodePorts. For a connectionless port, with sp the old one, these are
+// the addresses it no longer has; for a TCP port, with sp the new one, the
+// addresses just programmed, whose untranslated SYNs are to be deleted.
+func addMissing(valid conntrack.Valid, sp, other *model.ServicePort, withNodePorts bool) {
+	have := conntrack.Valid{}
+	addFrontends(have, sp, nil, nil)
+	had := conntrack.Valid{}
+	if other != nil {
+		addFrontends(had, other, nil, nil)
 	}
-	add := func(ip netip.Addr) {
-		if ip.IsValid() && !had[ip] {
-			valid.Add(conntrack.Frontend{Addr: netip.AddrPortFrom(ip, sp.Port), Protocol: sp.Protocol}, netip.AddrPort{})
-		}
-	}
-	add(sp.ClusterIP)
-	for _, ip := range sp.ExternalIPs {
-		add(ip)
-	}
-	for _, ip := range sp.LoadBalancerIPs {
-		add(ip)
-	}
-}
-
-// addGone marks the frontends old had and sp has not as having no valid
-// endpoint.
-func addGone(valid conntrack.Valid, old, sp *model.ServicePort) {
-	gone := conntrack.Valid{}
-	addFrontends(gone, old, nil, nil)
-	now := conntrack.Valid{}
-	addFrontends(now, sp, nil, nil)
-	for f := range gone {
-		if _, ok := now[f]; !ok {
+	for f := range have {
+		if _, ok := had[f]; !ok && (withNodePorts || f.Addr.Addr().IsValid()) {
 			valid.Add(f, netip.AddrPort{})
 		}
 	}

@@ -94,7 +94,7 @@ func (s staleFilter) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 // Stale reports whether flow f must be deleted under valid. nodePorts may
 // be nil; it lists the node-port frontends of valid.
 func Stale(f *netlink.ConntrackFlow, valid Valid, nodePorts map[Frontend]bool) bool {
-	proto, ok := protocolOf(f.Forward.Protocol)
+	proto, ok := model.ProtocolOfNumber(f.Forward.Protocol)
 	if !ok {
 		return false
 	}
@@ -108,7 +108,7 @@ func Stale(f *netlink.ConntrackFlow, valid Valid, nodePorts map[Frontend]bool) b
 	reply := netip.AddrPortFrom(rsrc, f.Reverse.SrcPort)
 	if proto == model.TCP {
 		_, fresh := valid[Frontend{Addr: orig, Protocol: proto}]
-		return fresh && reply == orig && synSent(f)
+		return fresh && UntranslatedSYN(f)
 	}
 	if eps, ok := valid[Frontend{Addr: orig, Protocol: proto}]; ok {
 		_, keep := eps[reply]
@@ -128,19 +128,15 @@ const (
 	tcpConntrackSynSent2 = 9
 )
 
-func synSent(f *netlink.ConntrackFlow) bool {
+// UntranslatedSYN reports whether f is a TCP flow in SYN_SENT whose reply
+// is expected from its original destination itself: a SYN no NAT rule
+// translated and nothing answered.
+func UntranslatedSYN(f *netlink.ConntrackFlow) bool {
 	info, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP)
-	return ok && (info.State == tcpConntrackSynSent || info.State == tcpConntrackSynSent2)
-}
-
-func protocolOf(p uint8) (model.Protocol, bool) {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return model.TCP, true
-	case unix.IPPROTO_UDP:
-		return model.UDP, true
-	case unix.IPPROTO_SCTP:
-		return model.SCTP, true
+	if f.Forward.Protocol != unix.IPPROTO_TCP || !ok || (info.State != tcpConntrackSynSent && info.State != tcpConntrackSynSent2) {
+		return false
 	}
-	return "", false
+	dst, ok1 := netip.AddrFromSlice(f.Forward.DstIP)
+	src, ok2 := netip.AddrFromSlice(f.Reverse.SrcIP)
+	return ok1 && ok2 && dst.Unmap() == src.Unmap() && f.Forward.DstPort == f.Reverse.SrcPort
 }
