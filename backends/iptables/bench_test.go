@@ -112,6 +112,41 @@ func BenchmarkFullSync(b *testing.B) {
 	}
 }
 
+// BenchmarkRender measures the Go side of a complete rewrite of services
+// x 10 endpoints, without a kernel: rendering every service port and
+// writing the restore input, as one section (legacy) or in sections
+// (nft). The iptables programs' share is in BenchmarkFullSync.
+func BenchmarkRender(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		for _, layout := range []struct {
+			name  string
+			chunk int
+		}{{"one-section", 0}, {"sections", nftChunk(11*n, false)}} {
+			b.Run(fmt.Sprintf("services=%d/%s", n, layout.name), func(b *testing.B) {
+				be := offlineBackend(b, model.IPv4, Config{})
+				req := request(model.IPv4, scaleServices(n, 10), nil)
+				errs := map[model.ServicePortName]error{}
+				var bytes int
+				for b.Loop() {
+					var want [numTables]map[model.ServicePortName]*tableRules
+					for t := range numTables {
+						want[t] = make(map[model.ServicePortName]*tableRules, n)
+					}
+					for name := range req.State.Services {
+						rd, _ := be.render(req, name, errs)
+						for t := range numTables {
+							want[t][name] = rd[t]
+						}
+					}
+					data, _ := joinSections(be.fullSections(want, [numTables][]string{}, layout.chunk, [numTables]jumpMode{jumpsInsert, jumpsInsert}))
+					bytes = len(data)
+				}
+				b.ReportMetric(float64(bytes)/1e6, "MB")
+			})
+		}
+	}
+}
+
 // BenchmarkFullResync measures a full request over a namespace that
 // already holds the same rules, as the periodic resync sends: by default
 // it checks and writes the difference (verify); a complete rewrite

@@ -51,7 +51,9 @@
 //
 // Programs run on a locked OS thread inside the configured namespace: one
 // iptables-restore per sync, none when nothing changed (and iptables -C
-// and -I when a jump from a built-in chain is missing).
+// and -I when a jump from a built-in chain is missing); a complete rewrite
+// in the nft flavour runs one per about 30,000 chains, whose sections
+// commit one after the other anyway.
 // Two backends, of the same or of different namespaces, can live in one
 // process: the package has no global state.
 package iptables

@@ -27,11 +27,20 @@ type span struct {
 	svc        model.ServicePortName
 }
 
+// spanRec is how an input keeps a span: a complete rewrite has one per
+// chain declaration, so it is small.
+type spanRec struct {
+	start, end int32
+	kind       spanKind
+	table      uint8
+	svc        *model.ServicePortName // nil: none
+}
+
 // input is an iptables-restore input being written.
 type input struct {
 	b     []byte
 	lines int
-	spans []span
+	spans []spanRec
 	// tableEnd[t] is the line after table t's COMMIT, 0 if absent.
 	tableEnd [numTables]int
 	cur      table
@@ -41,10 +50,16 @@ type input struct {
 
 func newInput(sizeHint int) *input { return &input{b: make([]byte, 0, sizeHint)} }
 
-// mark starts a span: the lines written from now on belong to it.
-func (in *input) mark(kind spanKind, svc model.ServicePortName) {
+// mark starts a span: the lines written from now on belong to it. svc
+// (nil: none) must stay unchanged while the input is in use.
+func (in *input) mark(kind spanKind, svc *model.ServicePortName) {
+	if n := len(in.spans); n > 0 {
+		if o := &in.spans[n-1]; o.end < 0 && o.kind == kind && o.svc == svc && table(o.table) == in.cur {
+			return // the open span continues
+		}
+	}
 	in.close()
-	in.spans = append(in.spans, span{start: in.lines, end: -1, kind: kind, table: in.cur, svc: svc})
+	in.spans = append(in.spans, spanRec{start: int32(in.lines), end: -1, kind: kind, table: uint8(in.cur), svc: svc})
 }
 
 // close ends the open span, dropping it if it holds no line.
@@ -53,14 +68,14 @@ func (in *input) close() {
 	if n == 0 || in.spans[n-1].end >= 0 {
 		return
 	}
-	if in.spans[n-1].start == in.lines {
+	if int(in.spans[n-1].start) == in.lines {
 		in.spans = in.spans[:n-1]
 		return
 	}
-	in.spans[n-1].end = in.lines
+	in.spans[n-1].end = int32(in.lines)
 }
 
-func (in *input) fixed() { in.mark(spanFixed, model.ServicePortName{}) }
+func (in *input) fixed() { in.mark(spanFixed, nil) }
 
 // line writes one line made of parts.
 func (in *input) line(parts ...string) {
@@ -90,10 +105,15 @@ func (in *input) appendRule(chain, rule string) { in.line("-A ", chain, " ", rul
 
 // lookup returns the span of 1-based line n.
 func (in *input) lookup(n int) (span, bool) {
-	i := n - 1
+	i := int32(n - 1)
 	k := sort.Search(len(in.spans), func(j int) bool { return in.spans[j].end > i })
 	if k < len(in.spans) && in.spans[k].start <= i {
-		return in.spans[k], true
+		r := in.spans[k]
+		sp := span{start: int(r.start), end: int(r.end), kind: r.kind, table: table(r.table)}
+		if r.svc != nil {
+			sp.svc = *r.svc
+		}
+		return sp, true
 	}
 	return span{}, false
 }

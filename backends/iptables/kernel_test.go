@@ -267,7 +267,7 @@ func TestKernelCanaryFlushResync(t *testing.T) {
 	// would delete it notices and rewrites everything.
 	e.exec("iptables-nft", "-w", "-t", "nat", "-F", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
 	e.exec("iptables-nft", "-w", "-t", "nat", "-D", "PROXYKIT-SERVICES", "-m", "comment", "--comment", "default/a/TCP cluster IP",
-		"-d", "10.96.2.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
+		"-d", "10.96.2.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-g", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
 	mustSync(t, b, request(model.IPv4, []testSvc{bsvc}, svcNames(a)))
 	if !b.last.full {
 		t.Fatal("a missing rule was not noticed")
@@ -488,4 +488,58 @@ func onlyObjectErrors(err error) bool {
 	}
 	_, ok := err.(*proxier.ObjectError)
 	return ok
+}
+
+// A complete rewrite of the nft flavour runs iptables-nft-restore several
+// times; a rule refused in a later run maps back to its service port,
+// which is left out while everything else is programmed.
+func TestKernelRefusedRuleInLaterRun(t *testing.T) {
+	e := newKernelEnv(t)
+	node, p11, p21 := &e.tn.Node1.Host, e.pod(1, 1), e.pod(2, 1)
+	b := e.backend(model.IPv4, Config{Mode: ModeNFT, RewriteInterval: -1})
+	// Sections of one service port (two chains each), two per run.
+	b.chunkSize, b.runSections = 2, 2
+	var svcs []testSvc
+	for i := range 7 {
+		pod := p11
+		if i%2 == 1 {
+			pod = p21
+		}
+		svcs = append(svcs, e.svc(model.IPv4, fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.4.%d", i+1), pod))
+	}
+	bad := svcs[5].sp.Name
+	b.r.badRule = func(n model.ServicePortName) string {
+		if n == bad {
+			return "-j REJECT"
+		}
+		return ""
+	}
+	err := b.Sync(t.Context(), request(model.IPv4, svcs, nil))
+	checkRefused(t, err, bad, "-j REJECT")
+	// One section per service port programmed, and the last one.
+	if b.last.sections != len(svcs) {
+		t.Fatalf("%d sections, want %d", b.last.sections, len(svcs))
+	}
+	for i, s := range svcs {
+		addr := netip.AddrPortFrom(s.sp.ClusterIP, 80)
+		if s.sp.Name == bad {
+			if r := node.TCP(addr, probeTimeout); r.Outcome == testnet.Answered {
+				t.Errorf("the refused service port answers: %v", r)
+			}
+			continue
+		}
+		want := p11.Name
+		if i%2 == 1 {
+			want = p21.Name
+		}
+		if got := e.answers(node, addr.String()); got != want {
+			t.Errorf("%s: %s, want %s", addr, got, want)
+		}
+	}
+	// Fixed, the next complete rewrite programs it too.
+	b.r.badRule = nil
+	mustSync(t, b, request(model.IPv4, svcs, nil))
+	if got := e.answers(node, "10.96.4.6:80"); got != p21.Name {
+		t.Fatalf("the fixed service port: %s", got)
+	}
 }

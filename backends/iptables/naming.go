@@ -87,9 +87,25 @@ func (n names) owns(chain string) bool { return strings.HasPrefix(chain, n.prefi
 
 // hash returns the chain-name hash of s, as kube-proxy makes it: the
 // start of the base32 SHA-256.
-func (n names) hash(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return base32.StdEncoding.EncodeToString(sum[:])[:n.hashLen]
+func (n names) hash(s string) string { return string(n.appendHash(nil, []byte(s))) }
+
+// appendHash appends the chain-name hash of s to b.
+func (n names) appendHash(b, s []byte) []byte {
+	sum := sha256.Sum256(s)
+	// Base32 encodes 5 bytes as 8 characters, each group on its own:
+	// 10 bytes give the first 16 characters of the whole sum's encoding.
+	var enc [16]byte
+	base32.StdEncoding.Encode(enc[:], sum[:10])
+	return append(b, enc[:n.hashLen]...)
+}
+
+// appendChain appends "<prefix>-<kind>-" and the hash of s to b.
+func (n names) appendChain(b []byte, kind string, s []byte) []byte {
+	b = append(b, n.prefix...)
+	b = append(b, '-')
+	b = append(b, kind...)
+	b = append(b, '-')
+	return n.appendHash(b, s)
 }
 
 // serviceHash is the hash shared by a service port's chains.

@@ -127,14 +127,14 @@ func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableR
 			continue
 		}
 		in.begin(t)
-		in.mark(spanCanary, model.ServicePortName{})
+		in.mark(spanCanary, nil)
 		in.line("-D ", canary, " ", canaryRule)
 		in.appendRule(canary, canaryRule)
 		if always {
 			// The jumps from the built-in chains, checked in the same
 			// run rather than one iptables -C each (the legacy flavour
 			// reads the whole table for each).
-			in.mark(spanJump, model.ServicePortName{})
+			in.mark(spanJump, nil)
 			for _, j := range b.r.jumps() {
 				if j.table == t {
 					in.line("-C ", j.chain, " ", restoreArgs(j.rule))
@@ -145,8 +145,8 @@ func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableR
 		// the fixed chains (removed before added), then the new chain
 		// contents, then the deletion of chains nothing refers to any
 		// more.
-		for i, n := range names {
-			in.mark(spanService, n)
+		for i := range names {
+			in.mark(spanService, &names[i])
 			for _, c := range diffs[i].write {
 				in.declare(c.name)
 			}
@@ -154,14 +154,14 @@ func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableR
 				in.declare(c.name)
 			}
 		}
-		for i, n := range names {
-			in.mark(spanService, n)
+		for i := range names {
+			in.mark(spanService, &names[i])
 			for _, s := range diffs[i].unshare {
 				in.line("-D ", s.chain, " ", s.rule)
 			}
 		}
-		for i, n := range names {
-			in.mark(spanService, n)
+		for i := range names {
+			in.mark(spanService, &names[i])
 			for _, s := range diffs[i].share {
 				// At the top: the node port jump stays last.
 				in.line("-I ", s.chain, " 1 ", s.rule)
@@ -172,8 +172,8 @@ func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableR
 				}
 			}
 		}
-		for i, n := range names {
-			in.mark(spanService, n)
+		for i := range names {
+			in.mark(spanService, &names[i])
 			for _, c := range diffs[i].del {
 				in.line("-X ", c.name)
 			}

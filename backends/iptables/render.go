@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/proxykit/proxykit/model"
@@ -68,12 +69,16 @@ type renderer struct {
 	// badRule, set by tests only, adds an invalid rule to a service
 	// port's SVC chain.
 	badRule func(model.ServicePortName) string
+	// The names of the fixed chains service ports write rules in.
+	fServices, fExternal, fNodePorts, fFirewall, fMarkOutside string
 }
 
 func newRenderer(cfg Config, fam model.IPFamily, n names, randomFully bool) *renderer {
 	r := &renderer{fam: fam, n: n, bit: fmt.Sprintf("%#x", cfg.MasqueradeBit), masqAll: cfg.MasqueradeAll,
 		hostBits: "/32", randomFully: randomFully}
 	r.markRule = "-j MARK --or-mark " + r.bit
+	r.fServices, r.fExternal, r.fNodePorts = n.fixed(chServices), n.fixed(chExternal), n.fixed(chNodePorts)
+	r.fFirewall, r.fMarkOutside = n.fixed(chFirewall), n.fixed(chMarkOutside)
 	loopback := "127.0.0.0/8"
 	if fam == model.IPv6 {
 		r.hostBits, loopback = "/128", "::1/128"
@@ -105,19 +110,23 @@ func unmapPrefix(p netip.Prefix) netip.Prefix {
 
 // comment quotes s as a rule comment.
 func comment(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r < ' ' || r > '~' || r == '"' || r == '\\' {
-			return '_'
-		}
-		return r
-	}, s)
-	if len(s) > 250 {
-		s = s[:250]
-	}
-	return `-m comment --comment "` + s + `"`
+	return string(append(appendCommentText([]byte(`-m comment --comment "`), 250, s), '"'))
 }
 
 // service renders one service port.
+//
+// Its strings are written into one buffer and cut from one string, so a
+// service port costs a few allocations rather than a few per endpoint: a
+// complete rewrite renders every service port.
+//
+// Rules enter the SVC, XLB, EXT and SEP chains with a goto (-g), not a
+// jump: none of them ever returns (the SEP chains end in a DNAT that
+// matches every packet reaching them, the others in an unconditional
+// goto), so the packet's path is the same, and iptables-legacy-restore
+// parses a goto without looking the chain's name up in libxtables' list
+// of known non-targets, whose buckets hold every chain of the input: at
+// 100,000 endpoints that lookup was a third of the program's time. Only
+// the FW chains, which return what they do not accept, are jumped to.
 func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t *proxier.Targets) (rendering, error) {
 	var rd rendering
 	if !sp.Protocol.Valid() {
@@ -126,14 +135,6 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	if t == nil {
 		t = &proxier.Targets{}
 	}
-	proto := strings.ToLower(string(sp.Protocol))
-	pm := "-p " + proto + " -m " + proto
-	svcName := name.String()
-	dst := func(a netip.Addr, port uint16) string {
-		return "-d " + a.Unmap().String() + r.hostBits + " " + pm + " --dport " + strconv.Itoa(int(port))
-	}
-
-	var clusterDst string
 	if sp.ClusterIP.IsValid() {
 		if !r.fam.Contains(sp.ClusterIP) {
 			return rd, fmt.Errorf("cluster IP %s is not %s", sp.ClusterIP, r.fam)
@@ -141,9 +142,10 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if sp.Port == 0 {
 			return rd, errors.New("port 0")
 		}
-		clusterDst = dst(sp.ClusterIP, sp.Port)
 	}
-	var extDsts, lbDsts []string
+	// The external and load-balancer addresses, without repeats.
+	var extBuf, lbBuf [4]netip.Addr
+	extDsts, lbDsts := extBuf[:0], lbBuf[:0]
 	for i, a := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
 		if !r.fam.Contains(a) {
 			return rd, fmt.Errorf("address %s is not %s", a, r.fam)
@@ -151,43 +153,58 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if sp.Port == 0 {
 			return rd, errors.New("port 0")
 		}
-		d := dst(a, sp.Port)
-		if slices.Contains(extDsts, d) || slices.Contains(lbDsts, d) {
+		a = a.Unmap()
+		if slices.Contains(extDsts, a) || slices.Contains(lbDsts, a) {
 			continue
 		}
 		if i < len(sp.ExternalIPs) {
-			extDsts = append(extDsts, d)
+			extDsts = append(extDsts, a)
 		} else {
-			lbDsts = append(lbDsts, d)
+			lbDsts = append(lbDsts, a)
 		}
 	}
-	var npMatch string
-	if sp.NodePort != 0 {
-		npMatch = pm + " --dport " + strconv.Itoa(int(sp.NodePort))
-	}
 
-	nat, filter := &tableRules{}, &tableRules{}
-	rd[tNAT], rd[tFilter] = nat, filter
-	natShared := func(chain, rule string) {
-		nat.shared = append(nat.shared, sharedRule{r.n.fixed(chain), rule})
+	w := getRbuf()
+	defer putRbuf(w)
+	proto := protoName(sp.Protocol)
+	svcName := name.String()
+	clusterIP := sp.ClusterIP.Unmap()
+	hasCluster := clusterIP.IsValid()
+	// dst writes the match of address a and the service port.
+	dst := func(a netip.Addr) {
+		w.b = append(w.b, "-d "...)
+		w.b = a.AppendTo(w.b)
+		w.b = append(w.b, r.hostBits...)
+		w.b = append(w.b, ' ')
+		w.proto(proto)
+		w.b = append(w.b, " --dport "...)
+		w.b = strconv.AppendUint(w.b, uint64(sp.Port), 10)
 	}
-	filterShared := func(chain, rule string) {
-		filter.shared = append(filter.shared, sharedRule{r.n.fixed(chain), rule})
+	// nodePort writes the node port match.
+	nodePort := func() {
+		w.proto(proto)
+		w.b = append(w.b, " --dport "...)
+		w.b = strconv.AppendUint(w.b, uint64(sp.NodePort), 10)
 	}
 	// filterAll rejects or drops every address of the port in filter.
 	filterAll := func(cluster bool, why, verdict string) {
-		c := comment(svcName + " " + why)
-		if cluster && clusterDst != "" {
-			filterShared(chServices, c+" "+clusterDst+" -j "+verdict)
-		}
 		if cluster {
+			if hasCluster {
+				w.comment(svcName, " ", why)
+				dst(clusterIP)
+				w.shared(tFilter, r.fServices, " -j ", verdict)
+			}
 			return
 		}
-		for _, d := range slices.Concat(extDsts, lbDsts) {
-			filterShared(chExternal, c+" "+d+" -j "+verdict)
+		for _, a := range slices.Concat(extDsts, lbDsts) {
+			w.comment(svcName, " ", why)
+			dst(a)
+			w.shared(tFilter, r.fExternal, " -j ", verdict)
 		}
-		if npMatch != "" {
-			filterShared(chNodePorts, c+" "+npMatch+" -j "+verdict)
+		if sp.NodePort != 0 {
+			w.comment(svcName, " ", why)
+			nodePort()
+			w.shared(tFilter, r.fNodePorts, " -j ", verdict)
 		}
 	}
 
@@ -197,10 +214,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if external {
 			filterAll(false, "has no endpoints", "REJECT")
 		}
-		return rd, nil
+		return w.rendering(), nil
 	}
 
-	internal, externalEps := r.endpoints(t.Internal), r.endpoints(t.External)
+	internal := r.endpoints(t.Internal)
+	externalEps := r.endpoints(t.External)
 	affinity := 0
 	if sp.SessionAffinity {
 		affinity = int(sp.AffinityTimeout / time.Second)
@@ -208,80 +226,135 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			affinity = int(DefaultAffinityTimeout / time.Second)
 		}
 	}
-	// Endpoint chains, shared by the balancing chains.
-	seps := map[netip.AddrPort]string{}
-	for _, ep := range slices.Concat(internal, externalEps) {
-		if _, ok := seps[ep]; ok {
-			continue
+	// Endpoint chains, shared by the balancing chains: all holds the
+	// internal endpoints, then the external ones not among them; extIdx
+	// are the external endpoints' indexes in all.
+	all, extIdx := internal, make([]int, len(externalEps))
+	same := len(internal) == len(externalEps)
+	var pos map[netip.AddrPort]int
+	if len(internal) > 16 {
+		pos = make(map[netip.AddrPort]int, len(internal))
+		for i, ep := range internal {
+			pos[ep] = i
 		}
-		sep := r.n.sep(name, ep.String())
-		seps[ep] = sep
-		dnat := "-p " + proto
-		if affinity > 0 {
-			dnat += " -m recent --name " + sep + " --set"
-		}
-		nat.chains = append(nat.chains, chainRules{name: sep, rules: []string{
-			"-s " + ep.Addr().String() + r.hostBits + " " + r.markRule,
-			dnat + " -j DNAT --to-destination " + ep.String(),
-		}})
 	}
-	balance := func(chain string, eps []netip.AddrPort, first ...string) chainRules {
-		c := chainRules{name: chain, rules: first}
+	for j, ep := range externalEps {
+		i := -1
+		if pos != nil {
+			if k, ok := pos[ep]; ok {
+				i = k
+			}
+		} else {
+			i = slices.Index(internal, ep)
+		}
+		if i < 0 {
+			same = false
+			if len(all) == len(internal) {
+				all = slices.Clip(all)
+			}
+			i = len(all)
+			all = append(all, ep)
+		}
+		extIdx[j] = i
+	}
+	// seps[i] is the string index of the chain name of all[i].
+	seps := make([]int, len(all))
+	for i, ep := range all {
+		w.hashIn = ep.AppendTo(append(append(w.hashIn[:0], svcName...), '|'))
+		w.b = r.n.appendChain(w.b, kindSEP, w.hashIn)
+		seps[i] = w.end()
+	}
+	for i, ep := range all {
+		first := len(w.ends)
+		w.b = append(w.b, "-s "...)
+		w.b = ep.Addr().AppendTo(w.b)
+		w.b = append(w.b, r.hostBits...)
+		w.b = append(w.b, ' ')
+		w.b = append(w.b, r.markRule...)
+		w.end()
+		w.b = append(w.b, "-p "...)
+		w.b = append(w.b, proto...)
 		if affinity > 0 {
-			secs := strconv.Itoa(affinity)
-			for _, ep := range eps {
-				c.rules = append(c.rules, "-m recent --name "+seps[ep]+" --rcheck --seconds "+secs+" --reap -j "+seps[ep])
+			w.b = append(w.b, " -m recent --name "...)
+			w.b = w.appendStr(w.b, seps[i])
+			w.b = append(w.b, " --set"...)
+		}
+		w.b = append(w.b, " -j DNAT --to-destination "...)
+		w.b = ep.AppendTo(w.b)
+		w.end()
+		w.chain(seps[i], first)
+	}
+	// balance writes the rules picking one of the endpoints idx (indexes
+	// in all), after the rules first wrote, and adds the chain.
+	balance := func(chain int, idx func(int) int, n, first int) {
+		if affinity > 0 {
+			for k := range n {
+				sep := seps[idx(k)]
+				w.b = append(w.b, "-m recent --name "...)
+				w.b = w.appendStr(w.b, sep)
+				w.b = append(w.b, " --rcheck --seconds "...)
+				w.b = strconv.AppendInt(w.b, int64(affinity), 10)
+				w.b = append(w.b, " --reap "...)
+				w.gotoChain(sep)
 			}
 		}
-		for i, ep := range eps {
-			if i < len(eps)-1 {
-				c.rules = append(c.rules, "-m statistic --mode random --probability "+probability(len(eps)-i)+" -j "+seps[ep])
-			} else {
-				c.rules = append(c.rules, "-j "+seps[ep])
+		for k := range n {
+			if k < n-1 {
+				w.b = append(w.b, "-m statistic --mode random --probability "...)
+				w.b = strconv.AppendFloat(w.b, 1/float64(n-k), 'f', 10, 64)
+				w.b = append(w.b, ' ')
 			}
+			w.gotoChain(seps[idx(k)])
 		}
-		return c
+		w.chain(chain, first)
 	}
+	identity := func(k int) int { return k }
 
-	h := r.n.serviceHash(name)
-	svc := r.n.chain(kindSVC, h)
-	hasSVC := clusterDst != "" && len(internal) > 0
+	w.hashIn = append(w.hashIn[:0], svcName...)
+	chainName := func(kind string) int {
+		w.b = r.n.appendChain(w.b, kind, w.hashIn)
+		return w.end()
+	}
+	svc := chainName(kindSVC)
+	hasSVC := hasCluster && len(internal) > 0
 	if hasSVC {
-		var masq []string
+		first := len(w.ends)
 		switch {
 		case r.masqAll:
-			masq = []string{r.markRule}
+			w.str(r.markRule)
 		case len(r.cidrs) == 1:
-			masq = []string{"! -s " + r.cidrs[0].String() + " " + r.markRule}
+			w.str("! -s ", r.cidrs[0].String(), " ", r.markRule)
 		case len(r.cidrs) > 1:
-			masq = []string{"-j " + r.n.fixed(chMarkOutside)}
+			w.str("-j ", r.fMarkOutside)
 		}
-		c := balance(svc, internal, masq...)
+		balance(svc, identity, len(internal), first)
 		if r.badRule != nil {
 			if bad := r.badRule(name); bad != "" {
-				c.rules = append(c.rules, bad)
+				w.str(bad)
+				w.chains[len(w.chains)-1].last++
 			}
 		}
-		nat.chains = append(nat.chains, c)
-		natShared(chServices, comment(svcName+" cluster IP")+" "+clusterDst+" -j "+svc)
-	} else if clusterDst != "" {
+		w.comment(svcName, " cluster IP")
+		dst(clusterIP)
+		w.sharedJump(tNAT, r.fServices, " -g ", svc)
+	} else if hasCluster {
 		filterAll(true, "has no local endpoints", "DROP")
 	}
 
 	if !external {
-		return rd, nil
+		return w.rendering(), nil
 	}
 	if len(externalEps) == 0 {
 		filterAll(false, "has no local endpoints", "DROP")
-		return rd, nil
+		return w.rendering(), nil
 	}
-	ext, xlb := r.n.chain(kindEXT, h), r.n.chain(kindXLB, h)
-	extChain := chainRules{name: ext}
+	ext, xlb := chainName(kindEXT), chainName(kindXLB)
 	useXLB := true
+	first := len(w.ends)
 	if sp.ExternalPolicy != model.PolicyLocal {
-		extChain.rules = append(extChain.rules, r.markRule)
-		if hasSVC && sameEndpoints(internal, externalEps) {
-			extChain.rules = append(extChain.rules, "-j "+svc)
+		w.str(r.markRule)
+		if hasSVC && same {
+			w.gotoChain(svc)
 			useXLB = false
 		}
 	} else if hasSVC {
@@ -289,48 +362,239 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		// addresses through its cluster endpoints; the node's own
 		// traffic is masqueraded (as kube-proxy does).
 		for _, p := range r.cidrs {
-			extChain.rules = append(extChain.rules, "-s "+p.String()+" -j "+svc)
+			w.b = append(w.b, "-s "...)
+			w.b = p.AppendTo(w.b)
+			w.b = append(w.b, ' ')
+			w.gotoChain(svc)
 		}
-		extChain.rules = append(extChain.rules,
-			"-m addrtype --src-type LOCAL "+r.markRule,
-			"-m addrtype --src-type LOCAL -j "+svc)
+		w.str("-m addrtype --src-type LOCAL ", r.markRule)
+		w.b = append(w.b, "-m addrtype --src-type LOCAL "...)
+		w.gotoChain(svc)
 	}
 	if useXLB {
-		extChain.rules = append(extChain.rules, "-j "+xlb)
+		w.gotoChain(xlb)
 	}
-	nat.chains = append(nat.chains, extChain)
+	w.chain(ext, first)
 	if useXLB {
-		nat.chains = append(nat.chains, balance(xlb, externalEps))
+		balance(xlb, func(k int) int { return extIdx[k] }, len(externalEps), len(w.ends))
 	}
-	for _, d := range extDsts {
-		natShared(chServices, comment(svcName+" external IP")+" "+d+" -j "+ext)
+	for _, a := range extDsts {
+		w.comment(svcName, " external IP")
+		dst(a)
+		w.sharedJump(tNAT, r.fServices, " -g ", ext)
 	}
 	if len(lbDsts) > 0 && len(sp.LoadBalancerSourceRanges) > 0 {
-		fw := r.n.chain(kindFW, h)
-		fwChain := chainRules{name: fw}
+		fw := chainName(kindFW)
+		first := len(w.ends)
 		for _, p := range sp.LoadBalancerSourceRanges {
 			if p.IsValid() && r.fam.Contains(p.Addr()) {
-				fwChain.rules = append(fwChain.rules, "-s "+unmapPrefix(p).String()+" -j "+ext)
+				w.b = append(w.b, "-s "...)
+				w.b = unmapPrefix(p).AppendTo(w.b)
+				w.b = append(w.b, ' ')
+				w.gotoChain(ext)
 			}
 		}
 		// The node's own traffic passes (it is not what source ranges
 		// are about); the rest falls through undNATed and is dropped
 		// by the filter FIREWALL chain.
-		fwChain.rules = append(fwChain.rules, "-m addrtype --src-type LOCAL -j "+ext)
-		nat.chains = append(nat.chains, fwChain)
-		for _, d := range lbDsts {
-			natShared(chServices, comment(svcName+" loadbalancer IP")+" "+d+" -j "+fw)
-			filterShared(chFirewall, comment(svcName+" traffic not accepted by "+fw)+" "+d+" -j DROP")
+		w.b = append(w.b, "-m addrtype --src-type LOCAL "...)
+		w.gotoChain(ext)
+		w.chain(fw, first)
+		for _, a := range lbDsts {
+			w.comment(svcName, " loadbalancer IP")
+			dst(a)
+			// A jump: FW returns what it does not accept.
+			w.sharedJump(tNAT, r.fServices, " -j ", fw)
+			w.b = append(w.b, `-m comment --comment "`...)
+			w.b = appendCommentText(w.b, 250, svcName, " traffic not accepted by ", string(w.bytes(fw)))
+			w.b = append(w.b, `" `...)
+			dst(a)
+			w.shared(tFilter, r.fFirewall, " -j DROP")
 		}
 	} else {
-		for _, d := range lbDsts {
-			natShared(chServices, comment(svcName+" loadbalancer IP")+" "+d+" -j "+ext)
+		for _, a := range lbDsts {
+			w.comment(svcName, " loadbalancer IP")
+			dst(a)
+			w.sharedJump(tNAT, r.fServices, " -g ", ext)
 		}
 	}
-	if npMatch != "" {
-		natShared(chNodePorts, comment(svcName)+" "+npMatch+" -j "+ext)
+	if sp.NodePort != 0 {
+		w.comment(svcName)
+		nodePort()
+		w.sharedJump(tNAT, r.fNodePorts, " -g ", ext)
 	}
-	return rd, nil
+	return w.rendering(), nil
+}
+
+// protoName returns the lower-case name of p, as iptables takes it.
+func protoName(p model.Protocol) string {
+	switch p {
+	case model.TCP:
+		return "tcp"
+	case model.UDP:
+		return "udp"
+	case model.SCTP:
+		return "sctp"
+	}
+	return strings.ToLower(string(p))
+}
+
+// rbuf collects the strings of one rendering in one buffer. String i is
+// b[ends[i-1]:ends[i]]; every write to b belongs to the next string.
+type rbuf struct {
+	b      []byte
+	ends   []int
+	hashIn []byte
+	// chains and shares are the rendering's chains and rules in fixed
+	// chains, by string index.
+	chains []pendingChain
+	shares []pendingShared
+}
+
+// pendingChain is a chain whose name is string name and whose rules are
+// strings [first, last).
+type pendingChain struct{ name, first, last int }
+
+// pendingShared is rule string rule in fixed chain chain of table t.
+type pendingShared struct {
+	t     table
+	chain string
+	rule  int
+}
+
+var rbufPool = sync.Pool{New: func() any { return &rbuf{b: make([]byte, 0, 8192)} }}
+
+func getRbuf() *rbuf { return rbufPool.Get().(*rbuf) }
+
+func putRbuf(w *rbuf) {
+	if cap(w.b) > 1<<20 {
+		return // a huge service port's: let it go
+	}
+	w.b, w.ends, w.chains, w.shares = w.b[:0], w.ends[:0], w.chains[:0], w.shares[:0]
+	rbufPool.Put(w)
+}
+
+// end ends the string written since the last end and returns its index.
+func (w *rbuf) end() int {
+	w.ends = append(w.ends, len(w.b))
+	return len(w.ends) - 1
+}
+
+// str writes parts as one string.
+func (w *rbuf) str(parts ...string) int {
+	for _, p := range parts {
+		w.b = append(w.b, p...)
+	}
+	return w.end()
+}
+
+// bytes returns string i.
+func (w *rbuf) bytes(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = w.ends[i-1]
+	}
+	return w.b[start:w.ends[i]]
+}
+
+// appendStr appends string i to b.
+func (w *rbuf) appendStr(b []byte, i int) []byte { return append(b, w.bytes(i)...) }
+
+// gotoChain ends the rule being written with "-g" and the chain named by
+// string i. (See the comment on service for why goto.)
+func (w *rbuf) gotoChain(i int) {
+	w.b = append(w.b, "-g "...)
+	w.b = w.appendStr(w.b, i)
+	w.end()
+}
+
+// proto writes the protocol match.
+func (w *rbuf) proto(proto string) {
+	w.b = append(w.b, "-p "...)
+	w.b = append(w.b, proto...)
+	w.b = append(w.b, " -m "...)
+	w.b = append(w.b, proto...)
+}
+
+// comment writes the comment match of the concatenation of parts and the
+// space after it.
+func (w *rbuf) comment(parts ...string) {
+	w.b = append(w.b, `-m comment --comment "`...)
+	w.b = appendCommentText(w.b, 250, parts...)
+	w.b = append(w.b, `" `...)
+}
+
+// chain adds the chain named by string name whose rules are the strings
+// from first on.
+func (w *rbuf) chain(name, first int) {
+	w.chains = append(w.chains, pendingChain{name: name, first: first, last: len(w.ends)})
+}
+
+// shared ends the rule being written with tail and adds it to chain of
+// table t.
+func (w *rbuf) shared(t table, chain string, tail ...string) {
+	w.shares = append(w.shares, pendingShared{t: t, chain: chain, rule: w.str(tail...)})
+}
+
+// sharedJump ends the rule being written with verb (" -j " or " -g ")
+// and the chain named by string target, and adds it to chain of table t.
+func (w *rbuf) sharedJump(t table, chain, verb string, target int) {
+	w.b = append(w.b, verb...)
+	w.b = w.appendStr(w.b, target)
+	w.shares = append(w.shares, pendingShared{t: t, chain: chain, rule: w.end()})
+}
+
+// rendering cuts the strings from one string and returns the rendering.
+func (w *rbuf) rendering() rendering {
+	all := string(w.b)
+	strs := make([]string, len(w.ends))
+	start := 0
+	for i, e := range w.ends {
+		strs[i] = all[start:e]
+		start = e
+	}
+	trs := new([numTables]tableRules)
+	if len(w.chains) > 0 {
+		trs[tNAT].chains = make([]chainRules, len(w.chains))
+		for i, c := range w.chains {
+			// Capped: appending to one chain's rules never writes over
+			// the next one's.
+			trs[tNAT].chains[i] = chainRules{name: strs[c.name], rules: strs[c.first:c.last:c.last]}
+		}
+	}
+	var n [numTables]int
+	for _, s := range w.shares {
+		n[s.t]++
+	}
+	for t := range numTables {
+		if n[t] > 0 {
+			trs[t].shared = make([]sharedRule, 0, n[t])
+		}
+	}
+	for _, s := range w.shares {
+		trs[s.t].shared = append(trs[s.t].shared, sharedRule{chain: s.chain, rule: strs[s.rule]})
+	}
+	return rendering{&trs[tNAT], &trs[tFilter]}
+}
+
+// appendCommentText appends the concatenation of parts as comment text:
+// characters a quoted restore argument cannot hold become '_', and it
+// stops after max characters.
+func appendCommentText(b []byte, max int, parts ...string) []byte {
+	n := 0
+	for _, p := range parts {
+		for _, r := range p {
+			if n == max {
+				return b
+			}
+			if r < ' ' || r > '~' || r == '"' || r == '\\' {
+				r = '_'
+			}
+			b = append(b, byte(r))
+			n++
+		}
+	}
+	return b
 }
 
 // probability is the chance that a rule picks the first of n remaining
@@ -340,14 +604,24 @@ func probability(n int) string { return strconv.FormatFloat(1/float64(n), 'f', 1
 // endpoints returns the distinct usable endpoint addresses of eps.
 func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
 	out := make([]netip.AddrPort, 0, len(eps))
+	var seen map[netip.AddrPort]bool
+	if len(eps) > 16 {
+		seen = make(map[netip.AddrPort]bool, len(eps))
+	}
 	for _, ep := range eps {
 		if ep == nil || !r.fam.Contains(ep.Addr.Addr()) || ep.Addr.Port() == 0 {
 			continue
 		}
 		a := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
-		if !slices.Contains(out, a) {
-			out = append(out, a)
+		if seen != nil {
+			if seen[a] {
+				continue
+			}
+			seen[a] = true
+		} else if slices.Contains(out, a) {
+			continue
 		}
+		out = append(out, a)
 	}
 	return out
 }

@@ -100,7 +100,7 @@ func TestRenderClusterIP(t *testing.T) {
 	svc := "PROXYKIT-SVC-" + h
 	sep := func(e string) string { return r.n.sep(s.sp.Name, e) }
 	want := []string{
-		`nat PROXYKIT-SERVICES -m comment --comment "default/web/TCP cluster IP" -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -j ` + svc,
+		`nat PROXYKIT-SERVICES -m comment --comment "default/web/TCP cluster IP" -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -g ` + svc,
 	}
 	for _, e := range []string{"10.0.1.2", "10.0.2.2", "10.0.3.2"} {
 		want = append(want,
@@ -110,9 +110,9 @@ func TestRenderClusterIP(t *testing.T) {
 	}
 	want = append(want,
 		"nat :"+svc,
-		"nat "+svc+" -m statistic --mode random --probability 0.3333333333 -j "+sep("10.0.1.2:8080"),
-		"nat "+svc+" -m statistic --mode random --probability 0.5000000000 -j "+sep("10.0.2.2:8080"),
-		"nat "+svc+" -j "+sep("10.0.3.2:8080"))
+		"nat "+svc+" -m statistic --mode random --probability 0.3333333333 -g "+sep("10.0.1.2:8080"),
+		"nat "+svc+" -m statistic --mode random --probability 0.5000000000 -g "+sep("10.0.2.2:8080"),
+		"nat "+svc+" -g "+sep("10.0.3.2:8080"))
 	if got := lines(rd); !slices.Equal(got, want) {
 		t.Errorf("rendering:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -147,14 +147,14 @@ func TestRenderPolicies(t *testing.T) {
 		rd := mustRender(t, r, s)
 		ext := chainsOfKind(rd, kindEXT)
 		svc := r.n.chain(kindSVC, r.n.serviceHash(s.sp.Name))
-		if len(ext) != 1 || !slices.Equal(ext[0].rules, []string{"-j MARK --or-mark 0x4000", "-j " + svc}) {
+		if len(ext) != 1 || !slices.Equal(ext[0].rules, []string{"-j MARK --or-mark 0x4000", "-g " + svc}) {
 			t.Fatalf("EXT chain %+v", ext)
 		}
 		if len(chainsOfKind(rd, kindXLB)) != 0 {
 			t.Error("XLB chain for the same endpoints")
 		}
 		if !slices.ContainsFunc(rd[tNAT].shared, func(s sharedRule) bool {
-			return s.chain == "PROXYKIT-NODEPORTS" && strings.HasSuffix(s.rule, "-p tcp -m tcp --dport 30080 -j "+ext[0].name)
+			return s.chain == "PROXYKIT-NODEPORTS" && strings.HasSuffix(s.rule, "-p tcp -m tcp --dport 30080 -g "+ext[0].name)
 		}) {
 			t.Errorf("no node port rule: %v", rd[tNAT].shared)
 		}
@@ -173,13 +173,13 @@ func TestRenderPolicies(t *testing.T) {
 		h := r.n.serviceHash(s.sp.Name)
 		svc, xlb := r.n.chain(kindSVC, h), r.n.chain(kindXLB, h)
 		ext := chainsOfKind(rd, kindEXT)
-		want := []string{"-s 10.0.0.0/16 -j " + svc, "-m addrtype --src-type LOCAL -j MARK --or-mark 0x4000",
-			"-m addrtype --src-type LOCAL -j " + svc, "-j " + xlb}
+		want := []string{"-s 10.0.0.0/16 -g " + svc, "-m addrtype --src-type LOCAL -j MARK --or-mark 0x4000",
+			"-m addrtype --src-type LOCAL -g " + svc, "-g " + xlb}
 		if len(ext) != 1 || !slices.Equal(ext[0].rules, want) {
 			t.Fatalf("EXT chain %+v, want %v", ext, want)
 		}
 		x := chainsOfKind(rd, kindXLB)
-		if len(x) != 1 || !slices.Equal(x[0].rules, []string{"-j " + r.n.sep(s.sp.Name, "10.0.2.2:8080")}) {
+		if len(x) != 1 || !slices.Equal(x[0].rules, []string{"-g " + r.n.sep(s.sp.Name, "10.0.2.2:8080")}) {
 			t.Fatalf("XLB chain %+v", x)
 		}
 	})
@@ -228,7 +228,7 @@ func TestRenderPolicies(t *testing.T) {
 		h := r.n.serviceHash(s.sp.Name)
 		fw, ext := r.n.chain(kindFW, h), r.n.chain(kindEXT, h)
 		c := chainsOfKind(rd, kindFW)
-		if len(c) != 1 || !slices.Equal(c[0].rules, []string{"-s 192.0.2.0/25 -j " + ext, "-m addrtype --src-type LOCAL -j " + ext}) {
+		if len(c) != 1 || !slices.Equal(c[0].rules, []string{"-s 192.0.2.0/25 -g " + ext, "-m addrtype --src-type LOCAL -g " + ext}) {
 			t.Fatalf("FW chain %+v", c)
 		}
 		if !slices.Contains(rd[tNAT].shared, sharedRule{"PROXYKIT-SERVICES", `-m comment --comment "default/lb/TCP loadbalancer IP" -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -j ` + fw}) {
@@ -248,10 +248,10 @@ func TestRenderAffinity(t *testing.T) {
 	sep1, sep2 := r.n.sep(s.sp.Name, "10.0.1.2:8080"), r.n.sep(s.sp.Name, "10.0.2.2:8080")
 	svc := chainsOfKind(rd, kindSVC)
 	want := []string{
-		"-m recent --name " + sep1 + " --rcheck --seconds 10800 --reap -j " + sep1,
-		"-m recent --name " + sep2 + " --rcheck --seconds 10800 --reap -j " + sep2,
-		"-m statistic --mode random --probability 0.5000000000 -j " + sep1,
-		"-j " + sep2,
+		"-m recent --name " + sep1 + " --rcheck --seconds 10800 --reap -g " + sep1,
+		"-m recent --name " + sep2 + " --rcheck --seconds 10800 --reap -g " + sep2,
+		"-m statistic --mode random --probability 0.5000000000 -g " + sep1,
+		"-g " + sep2,
 	}
 	if len(svc) != 1 || !slices.Equal(svc[0].rules, want) {
 		t.Fatalf("SVC chain %+v", svc)
@@ -393,7 +393,7 @@ func TestPartialInput(t *testing.T) {
 		"*nat\n-D PROXYKIT-CANARY -j RETURN\n-A PROXYKIT-CANARY -j RETURN\n",
 		":PROXYKIT-SVC-" + h + " - [0:0]",
 		":" + b.r.n.sep(grown.sp.Name, "10.200.0.1:8080") + " - [0:0]",
-		"-A PROXYKIT-SVC-" + h + " -m statistic --mode random --probability 0.0909090909 -j ",
+		"-A PROXYKIT-SVC-" + h + " -m statistic --mode random --probability 0.0909090909 -g ",
 		`-I PROXYKIT-SERVICES 1 -m comment --comment "default/empty/TCP cluster IP"`,
 		`-D PROXYKIT-SERVICES -m comment --comment "default/empty/TCP has no endpoints"`,
 	} {

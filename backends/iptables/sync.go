@@ -32,6 +32,13 @@ type backend struct {
 	lastRewrite time.Time
 	// last describes the last restore input, for tests and benchmarks.
 	last inputStats
+	// arena is the buffer complete rewrites write their input in, kept
+	// for the next one (nil after a failure, whose error may hold it).
+	arena []byte
+	// chunkSize and runSections, set by tests only, replace the nft
+	// flavour's section size (nftChunk) and the number of sections per
+	// run (from nftRunChains).
+	chunkSize, runSections int
 }
 
 var _ proxier.Backend = (*backend)(nil)

@@ -184,9 +184,11 @@ func NewRunner(ctx context.Context, ns *netns.NS, t Tools, wait time.Duration) (
 	}
 	secs := max(1, int((wait+time.Second-1)/time.Second))
 	r := &Runner{ns: ns, tools: t, version: v, wait: []string{"-w", strconv.Itoa(secs)}}
-	if t.Flavour == Legacy {
+	if t.Flavour == Legacy && !v.AtLeast(1, 8, 8) {
 		// Poll the lock every 100 ms instead of every second. (The nft
-		// flavour takes no lock and warns about -W.)
+		// flavour takes no lock; from 1.8.8 on the legacy one waits on
+		// the lock without polling and only warns about -W, on
+		// standard error, which a failure's message would start with.)
 		r.wait = append(r.wait, "-W", "100000")
 	}
 	return r, nil
