@@ -276,7 +276,7 @@ func markdown(rep *Report, o Options) string {
 	p("within one run. kube-proxy's iptables layout is one restore section with every chain,\n")
 	p("and iptables-nft-restore (1.8.9 here) keeps a section's chains in a sorted list, so its\n")
 	p("run grows with the square of the chains (the proxykit iptables backend writes sections of\n")
-	p("1,500 chains for that reason); iptables-legacy-restore does not. kube-proxy's nftables\n")
+	p("about 3·√chains for that reason); iptables-legacy-restore does not. kube-proxy's nftables\n")
 	p("layout, with a chain per endpoint, costs `nft` more than linear time as well.\n\n")
 	p("Limits: sizes above `--max-services` (%d) are left out; a case whose first sync is\n", rep.Options.MaxServices)
 	p("predicted (a power law through that dataplane's smaller sizes) to exceed `--case-limit`\n")
