@@ -62,6 +62,27 @@ type family struct {
 	targets  map[model.ServicePortName]*Targets
 	changed  map[model.ServicePortName]struct{}
 	needFull bool
+	// noLocal holds the Local-policy service ports programmed without a
+	// local endpoint (noLocalInternal, noLocalExternal), so that the
+	// gauge follows changes without a walk over every service.
+	noLocal map[model.ServicePortName]uint8
+	// nInternal and nExternal count noLocal's entries with each bit.
+	nInternal, nExternal int
+	// health holds the service ports that have a health check node port
+	// and an external policy of Local, with their local ready endpoints.
+	health map[model.ServicePortName]portHealth
+}
+
+const (
+	noLocalInternal uint8 = 1 << iota
+	noLocalExternal
+)
+
+// portHealth is what one service port contributes to its Service's health
+// check server.
+type portHealth struct {
+	port  uint16
+	local int
 }
 
 // AfterSyncHook runs after every successful sync of a family with the
@@ -107,6 +128,8 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 			targets:  map[model.ServicePortName]*Targets{},
 			changed:  map[model.ServicePortName]struct{}{},
 			needFull: true,
+			noLocal:  map[model.ServicePortName]uint8{},
+			health:   map[model.ServicePortName]portHealth{},
 		})
 	}
 	ns, err := netns.Open(cfg.NetNS)
@@ -413,6 +436,16 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 			f.targets[name] = SelectTargets(sp, state.Endpoints[name], topo)
 		}
 	}
+	if full {
+		clear(f.health)
+		for name, sp := range state.Services {
+			f.updateHealth(name, sp, state.Endpoints[name])
+		}
+	} else {
+		for name := range f.changed {
+			f.updateHealth(name, state.Services[name], state.Endpoints[name])
+		}
+	}
 	var ips []netip.Addr
 	for _, ip := range nodeIPs {
 		if f.backend.Family().Contains(ip) {
@@ -443,7 +476,19 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 	}
 	e.metrics.observeSync(fam, full, time.Since(start), true)
 	e.metrics.pendingChanges.Set(0)
-	e.countNoLocal(fam, state, f.targets)
+	if full {
+		clear(f.noLocal)
+		f.nInternal, f.nExternal = 0, 0
+		for name, sp := range state.Services {
+			f.updateNoLocal(name, sp)
+		}
+	} else {
+		for name := range f.changed {
+			f.updateNoLocal(name, state.Services[name])
+		}
+	}
+	e.metrics.noLocalEndpoints.WithLabelValues("Internal", fam).Set(float64(f.nInternal))
+	e.metrics.noLocalEndpoints.WithLabelValues("External", fam).Set(float64(f.nExternal))
 	log.Debug("synced", "duration", time.Since(start), "services", len(state.Services))
 	for _, h := range e.hooks {
 		h(ctx, f.backend, req)
@@ -461,20 +506,10 @@ func (e *Engine) syncServiceHealth() {
 	}
 	want := map[model.ServiceName]healthcheck.ServiceHealth{}
 	for _, f := range e.families {
-		state := f.tracker.State()
-		for name, sp := range state.Services {
-			if sp.HealthCheckNodePort == 0 || !sp.ExternalLocal() {
-				continue
-			}
-			local := 0
-			for _, ep := range state.Endpoints[name] {
-				if ep.Local && ep.Ready {
-					local++
-				}
-			}
+		for name, ph := range f.health {
 			h := want[name.ServiceName]
-			h.Port = sp.HealthCheckNodePort
-			h.LocalEndpoints = max(h.LocalEndpoints, local)
+			h.Port = ph.port
+			h.LocalEndpoints = max(h.LocalEndpoints, ph.local)
 			want[name.ServiceName] = h
 		}
 	}
@@ -502,24 +537,51 @@ func triggerTime(slice *discoveryv1.EndpointSlice) time.Time {
 	return t
 }
 
-// countNoLocal updates the gauge of Local-policy service ports without a
-// local endpoint.
-func (e *Engine) countNoLocal(fam string, state *model.State, targets map[model.ServicePortName]*Targets) {
-	var internal, external int
-	for name, sp := range state.Services {
-		t := targets[name]
-		if t == nil || !t.HasEndpoints {
-			continue
-		}
-		if sp.InternalLocal() && len(t.Internal) == 0 {
-			internal++
-		}
-		if sp.ExternalLocal() && len(t.External) == 0 {
-			external++
+// updateHealth records what service port name, which sp (nil: none)
+// describes now, contributes to its Service's health check server.
+func (f *family) updateHealth(name model.ServicePortName, sp *model.ServicePort, eps []*model.Endpoint) {
+	if sp == nil || sp.HealthCheckNodePort == 0 || !sp.ExternalLocal() {
+		delete(f.health, name)
+		return
+	}
+	local := 0
+	for _, ep := range eps {
+		if ep.Local && ep.Ready {
+			local++
 		}
 	}
-	e.metrics.noLocalEndpoints.WithLabelValues("Internal", fam).Set(float64(internal))
-	e.metrics.noLocalEndpoints.WithLabelValues("External", fam).Set(float64(external))
+	f.health[name] = portHealth{port: sp.HealthCheckNodePort, local: local}
+}
+
+// updateNoLocal records whether service port name, which sp (nil: none)
+// describes now, is programmed without the local endpoints its policies
+// ask for.
+func (f *family) updateNoLocal(name model.ServicePortName, sp *model.ServicePort) {
+	var bits uint8
+	if t := f.targets[name]; sp != nil && t != nil && t.HasEndpoints {
+		if sp.InternalLocal() && len(t.Internal) == 0 {
+			bits |= noLocalInternal
+		}
+		if sp.ExternalLocal() && len(t.External) == 0 {
+			bits |= noLocalExternal
+		}
+	}
+	old := f.noLocal[name]
+	f.nInternal += has(bits, noLocalInternal) - has(old, noLocalInternal)
+	f.nExternal += has(bits, noLocalExternal) - has(old, noLocalExternal)
+	if bits == 0 {
+		delete(f.noLocal, name)
+		return
+	}
+	f.noLocal[name] = bits
+}
+
+// has returns 1 if bits has bit set, else 0.
+func has(bits, bit uint8) int {
+	if bits&bit != 0 {
+		return 1
+	}
+	return 0
 }
 
 // onlyObjectErrors reports whether err consists of ObjectErrors only.

@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/proxykit/proxykit/model"
 )
 
@@ -336,4 +338,76 @@ func TestNewPerFamily(t *testing.T) {
 	}); err == nil || closed != 2 {
 		t.Errorf("two IPv4 backends: err %v, %d closed; want an error and 2", err, closed)
 	}
+}
+
+// TestEngineLocalPolicyBookkeeping follows the gauge of Local-policy
+// service ports without a local endpoint and the health check node port
+// counts, which the engine keeps up to date from the changed service
+// ports only, through partial and full syncs.
+func TestEngineLocalPolicyBookkeeping(t *testing.T) {
+	e, err := New(Config{NodeName: "node-a", NoConntrackCleanup: true, NoServiceHealthChecks: true}, newRecorder(model.IPv4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	sync := func(periodic bool) {
+		t.Helper()
+		if ok, ready := e.syncOnce(ctx, periodic); !ok || !ready {
+			t.Fatalf("sync: ok %v, ready %v", ok, ready)
+		}
+	}
+	gauge := func(kind string) int {
+		var m dto.Metric
+		if err := e.metrics.noLocalEndpoints.WithLabelValues(kind, "IPv4").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return int(m.GetGauge().GetValue())
+	}
+	f := e.families[0]
+	check := func(what string, internal, external, health int) {
+		t.Helper()
+		for _, periodic := range []bool{false, true} {
+			sync(periodic)
+			if gi, ge := gauge("Internal"), gauge("External"); gi != internal || ge != external {
+				t.Errorf("%s (periodic %v): no local endpoints internal %d, external %d; want %d, %d", what, periodic, gi, ge, internal, external)
+			}
+			local := -1
+			for _, h := range f.health {
+				local = h.local
+			}
+			if local != health {
+				t.Errorf("%s (periodic %v): health check local endpoints %d, want %d (-1: none)", what, periodic, local, health)
+			}
+		}
+	}
+	slice := func(svc, node string) *discoveryv1.EndpointSlice {
+		s := testSlice(svc, svc+"-1", "10.244.1.2")
+		s.Endpoints[0].NodeName = ptr.To(node)
+		return s
+	}
+	internal := testService("internal", "10.96.0.1", 80)
+	internal.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
+	external := testService("external", "10.96.0.2", 80)
+	external.Spec.Type = v1.ServiceTypeLoadBalancer
+	external.Spec.Ports[0].NodePort = 30080
+	external.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	external.Spec.HealthCheckNodePort = 30001
+	e.OnServiceAdd(internal)
+	e.OnServiceAdd(external)
+	e.OnEndpointSliceAdd(slice("internal", "node-b"))
+	e.OnEndpointSliceAdd(slice("external", "node-b"))
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+	check("both remote", 1, 1, 0)
+	e.OnEndpointSliceUpdate(nil, slice("internal", "node-a"))
+	check("internal local", 0, 1, 0)
+	e.OnEndpointSliceUpdate(nil, slice("external", "node-a"))
+	check("both local", 0, 0, 1)
+	e.OnEndpointSliceUpdate(nil, slice("external", "node-b"))
+	check("external remote again", 0, 1, 0)
+	e.OnServiceDelete(external)
+	check("external deleted", 0, 0, -1)
+	e.OnEndpointSliceUpdate(nil, slice("internal", "node-b"))
+	check("internal remote again", 1, 0, -1)
 }

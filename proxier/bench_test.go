@@ -1,0 +1,69 @@
+package proxier
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/proxykit/proxykit/model"
+)
+
+// nopBackend is a Backend that programs nothing.
+type nopBackend struct{ family model.IPFamily }
+
+func (b nopBackend) Name() string                             { return "nop" }
+func (b nopBackend) Family() model.IPFamily                   { return b.family }
+func (b nopBackend) Sync(context.Context, *SyncRequest) error { return nil }
+func (b nopBackend) Cleanup(context.Context) error            { return nil }
+func (b nopBackend) Close() error                             { return nil }
+
+// BenchmarkOneEndpointChange measures the engine's own work for one
+// endpoint change (tracker apply, target selection, metrics, service
+// health), with a backend that does nothing: it must not grow with the
+// number of services.
+func BenchmarkOneEndpointChange(b *testing.B) {
+	for _, n := range []int{100, 10000, 30000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			e, err := New(Config{NoConntrackCleanup: true, NoServiceHealthChecks: true}, nopBackend{model.IPv4})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			addr := func(first byte, i int) string {
+				return netip.AddrFrom4([4]byte{first, byte(i >> 16), byte(i >> 8), byte(i)}).String()
+			}
+			slices := make([]*discoveryv1.EndpointSlice, n)
+			for i := range n {
+				name := fmt.Sprintf("svc-%d", i)
+				e.OnServiceAdd(testService(name, addr(10, i), 80))
+				var ips []string
+				for j := range 10 {
+					ips = append(ips, addr(11, i*10+j))
+				}
+				slices[i] = testSlice(name, name+"-x", ips...)
+				e.OnEndpointSliceAdd(slices[i])
+			}
+			e.OnServiceSynced()
+			e.OnEndpointSlicesSynced()
+			ctx := context.Background()
+			if ok, _ := e.syncOnce(ctx, false); !ok {
+				b.Fatal("first sync failed")
+			}
+			// Two versions of one slice, alternating.
+			alt := slices[n/2].DeepCopy()
+			alt.Endpoints = alt.Endpoints[:9]
+			versions := []*discoveryv1.EndpointSlice{alt, slices[n/2]}
+			i := 0
+			for b.Loop() {
+				e.OnEndpointSliceUpdate(nil, versions[i%2])
+				i++
+				if ok, _ := e.syncOnce(ctx, false); !ok {
+					b.Fatal("sync failed")
+				}
+			}
+		})
+	}
+}
