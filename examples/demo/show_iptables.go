@@ -55,7 +55,7 @@ func showIptables(ctx context.Context, w io.Writer, node *testnet.Node, name fun
 		rules := parseSave(text)
 		var dispatch []saveRule
 		for _, r := range rules {
-			if j := r.opt("-j"); (r.chain == iptablesPrefix+"SERVICES" || r.chain == iptablesPrefix+"NODEPORTS") &&
+			if j := r.target(); (r.chain == iptablesPrefix+"SERVICES" || r.chain == iptablesPrefix+"NODEPORTS") &&
 				strings.HasPrefix(j, iptablesPrefix) && j != iptablesPrefix+"NODEPORTS" {
 				dispatch = append(dispatch, r)
 			}
@@ -77,7 +77,7 @@ func showIptables(ctx context.Context, w io.Writer, node *testnet.Node, name fun
 		endpoints = func(chain string, depth int) []string {
 			out := slices.Clone(dnat[chain])
 			for _, r := range rules {
-				j := r.opt("-j")
+				j := r.target()
 				if r.chain == chain && depth < 3 && (strings.HasPrefix(j, iptablesPrefix+"SEP-") || strings.HasPrefix(j, iptablesPrefix+"XLB-")) {
 					out = append(out, endpoints(j, depth+1)...)
 				}
@@ -88,7 +88,7 @@ func showIptables(ctx context.Context, w io.Writer, node *testnet.Node, name fun
 		gotos := func(chain string) []string {
 			var out []string
 			for _, r := range rules {
-				j := r.opt("-j")
+				j := r.target()
 				if r.chain == chain && (strings.HasPrefix(j, iptablesPrefix+"SVC-") || strings.HasPrefix(j, iptablesPrefix+"EXT-") || strings.HasPrefix(j, iptablesPrefix+"FW-")) && !slices.Contains(out, j) {
 					out = append(out, j)
 				}
@@ -110,8 +110,8 @@ func showIptables(ctx context.Context, w io.Writer, node *testnet.Node, name fun
 			if dst == "" {
 				dst = "node"
 			}
-			fmt.Fprintf(w, "  %-34s %s %s:%s → %s\n", r.opt("--comment"), r.opt("-p"), dst, r.opt("--dport"), r.opt("-j"))
-			if c := r.opt("-j"); !slices.Contains(chains, c) {
+			fmt.Fprintf(w, "  %-34s %s %s:%s → %s\n", r.opt("--comment"), r.opt("-p"), dst, r.opt("--dport"), r.target())
+			if c := r.target(); !slices.Contains(chains, c) {
 				chains = append(chains, c)
 			}
 		}
@@ -172,6 +172,14 @@ func rawIptables(ctx context.Context, w io.Writer, node *testnet.Node, _ func(ne
 type saveRule struct {
 	chain string
 	args  []string
+}
+
+// target returns the chain or target the rule jumps (-j) or goes (-g) to.
+func (r saveRule) target() string {
+	if t := r.opt("-g"); t != "" {
+		return t
+	}
+	return r.opt("-j")
 }
 
 // opt returns the value after the last occurrence of flag.
