@@ -119,16 +119,22 @@ func newProxier(p proxierParams, cfg proxier.Config) (proxier.Proxier, error) {
 		return nftables.New(nftables.Config{Config: cfg})
 	case "iptables", "iptables-nft", "iptables-legacy":
 		return iptables.New(iptables.Config{Config: cfg, Mode: iptables.Mode(p.IPTMode)})
-	case "ebpf", "ebpf-socket":
+	case "ebpf", "ebpf-socket", "ebpf-maglev":
 		eps := p.Size.Services*p.Size.Endpoints + len(p.Target)
-		return ebpf.New(ebpf.Config{
+		c := ebpf.Config{
 			Config:      cfg,
 			CgroupPath:  p.Cgroup,
 			PodNetNS:    p.PodNetNS,
-			SocketOnly:  p.Backend == "ebpf-socket",
+			SocketOnly:  p.Backend != "ebpf",
 			MaxServices: max(ebpf.DefaultMaxServices, roundPow2(2*p.Size.Services+64)),
 			MaxBackends: max(ebpf.DefaultMaxBackends, roundPow2(eps+1024)),
-		})
+		}
+		if p.Backend == "ebpf-maglev" {
+			// One table per endpoint group: every service has its own.
+			c.Selection = ebpf.SelectionMaglev
+			c.MaxMaglevTables = max(ebpf.DefaultMaxMaglevTables, roundPow2(p.Size.Services+64))
+		}
+		return ebpf.New(c)
 	case "ipvs":
 		return ipvs.New(ipvs.Config{Config: cfg})
 	}

@@ -45,7 +45,7 @@ func formatSizes(s []Size) string {
 
 // Backend and reference names.
 var (
-	backendNames   = []string{"nftables", "iptables", "iptables-nft", "iptables-legacy", "ebpf", "ebpf-socket", "ipvs"}
+	backendNames   = []string{"nftables", "iptables", "iptables-nft", "iptables-legacy", "ebpf", "ebpf-socket", "ebpf-maglev", "ipvs"}
 	referenceNames = []string{refNFT, refIPTables, refIPTablesNFT, refIPTablesLegacy}
 )
 
@@ -84,7 +84,7 @@ type Options struct {
 // finishes it in under 15 minutes.
 func defaultOptions() Options {
 	return Options{
-		Backends:    []string{"nftables", "iptables-nft", "iptables-legacy", "ebpf", "ebpf-socket", "ipvs"},
+		Backends:    []string{"nftables", "iptables-nft", "iptables-legacy", "ebpf", "ebpf-socket", "ebpf-maglev", "ipvs"},
 		References:  []string{refNFT, refIPTablesNFT, refIPTablesLegacy},
 		Sizes:       []Size{{100, 10}, {1000, 10}, {10000, 10}, {30000, 10}, {5000, 50}},
 		MaxServices: 30000,

@@ -209,6 +209,8 @@ func (r *runner) label(name string) string {
 		return "ebpf (+ nftables north-south)"
 	case "ebpf-socket":
 		return "ebpf (socket only)"
+	case "ebpf-maglev":
+		return "ebpf (socket only, Maglev)"
 	case refNFT:
 		return "kube-proxy nftables (nft -f)"
 	case refIPTables:
