@@ -173,8 +173,9 @@ type ServicePort struct {
 	// lower case (with Kubernetes sources: the proxykit.io/scheduler
 	// annotation), or empty for the proxier's own. Its values are the
 	// backend's: the IPVS backend takes an IPVS scheduler name ("rr",
-	// "lc", "sh", "mh", ...). A backend that does not know the value
-	// uses its default and says so in its log.
+	// "lc", "sh", "mh", ...), the eBPF backend "maglev" (or "mh") and
+	// "random". A backend that does not know the value uses its default
+	// and says so in its log.
 	Scheduler string
 }
 

@@ -52,14 +52,17 @@ var selections = []Selection{SelectionRandom, SelectionMaglev}
 // benchmark, if not before.
 func benchBackend(b *testing.B, nsPath, cg string, sel Selection) *backend {
 	b.Helper()
-	be, err := NewBackend(Config{
-		Config:          proxier.Config{NetNS: nsPath, Families: []model.IPFamily{model.IPv4}},
-		CgroupPath:      cg,
-		SocketOnly:      true,
-		MaxBackends:     1 << 19,
-		Selection:       sel,
-		MaxMaglevTables: 1 << 15, // 30,000 services; 136 MB
-	}, model.IPv4)
+	cfg := Config{
+		Config:      proxier.Config{NetNS: nsPath, Families: []model.IPFamily{model.IPv4}},
+		CgroupPath:  cg,
+		SocketOnly:  true,
+		MaxBackends: 1 << 19,
+		Selection:   sel,
+	}
+	if sel == SelectionMaglev {
+		cfg.MaxMaglevTables = 1 << 15 // 30,000 services; 136 MB
+	}
+	be, err := NewBackend(cfg, model.IPv4)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -64,6 +64,9 @@ type dataplane struct {
 	// repin are maps whose pin was incompatible with the configuration:
 	// they were created afresh and replace the pin when attached.
 	repin map[string]bool
+	// warned remembers the unknown schedulers of service ports logged
+	// already, for both family backends.
+	warned *schedulerWarnings
 
 	mu       sync.Mutex
 	refs     int
@@ -106,6 +109,7 @@ func newDataplane(cfg Config) (*dataplane, error) {
 		log:      cfg.Logger.With("backend", "ebpf"),
 		cgroupID: st.Ino,
 		repin:    map[string]bool{},
+		warned:   newSchedulerWarnings(),
 		refs:     1,
 		families: map[model.IPFamily]bool{},
 		synced:   map[model.IPFamily]bool{},
@@ -277,12 +281,14 @@ func (d *dataplane) load() error {
 	} else if err := vs.Set(uint32(d.cfg.MaglevTableSize)); err != nil {
 		return err
 	}
-	// The Maglev maps are preallocated, and large: a family that is
-	// not configured, or random selection, gets one entry. (Sized by
-	// the configuration, not by the backends created, so that two
+	// The Maglev maps are preallocated, and can be large: a family that
+	// is not configured gets one entry. With random selection they
+	// exist too, for the service ports whose Scheduler asks for Maglev
+	// (MaxMaglevTables then defaults to a small size). (Sized by the
+	// configuration, not by the backends created, so that two
 	// NewBackend calls with one Config and PinPath agree.)
 	tables := func(f model.IPFamily) int {
-		if d.cfg.Selection == SelectionMaglev && slices.Contains(d.cfg.Families, f) {
+		if slices.Contains(d.cfg.Families, f) {
 			return d.cfg.MaxMaglevTables
 		}
 		return 1

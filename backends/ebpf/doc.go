@@ -17,8 +17,8 @@
 // packet exists: no NAT, no conntrack entry, the endpoint sees the
 // client's own address. Programs on recvmsg4/6 and getpeername4/6 show
 // the service address again. Endpoints are picked at random, by Maglev
-// consistent hashing (Config.Selection), or per client network namespace
-// with session affinity. A service without
+// consistent hashing (per service port, else Config.Selection), or per
+// client network namespace with session affinity. A service without
 // endpoints fails connect (and unconnected sendmsg) with ECONNREFUSED at
 // once; a service whose traffic policy leaves no endpoint on this node
 // fails with EPERM, a drop.
@@ -30,19 +30,32 @@
 //
 // # Maglev selection
 //
-// With [SelectionMaglev], every endpoint group has a Maglev lookup table
-// of Config.MaglevTableSize entries (a prime, default 1021), built in Go
-// from the group's endpoints as in the Maglev paper and stored in a BPF
-// hash map keyed by group. The connect and sendmsg programs index it with
+// Every endpoint group of a service port that picks with Maglev has a
+// Maglev lookup table of Config.MaglevTableSize entries (a prime,
+// default 1021), built in Go from the group's endpoints as in the Maglev
+// paper and stored in a BPF hash map keyed by group. The connect and sendmsg programs index it with
 // a hash of the client socket's identity: its network namespace, source
 // address and port when the socket has a local port, else its socket
 // cookie (an unbound socket gets its port only after the hook). A client
 // identity keeps its endpoint while the endpoint stays; when one of N
 // endpoints leaves or joins, about 1/N of the identities move (plus a few
-// percent, growing with N relative to the table size). The tables
-// are preallocated: Config.MaxMaglevTables × 4.1 KiB per family at the
-// default size (41 MB for 10,000 service ports). Session affinity keeps
-// its own path.
+// percent, growing with N relative to the table size). Session affinity
+// keeps its own path.
+//
+// A service port picks with Maglev when its Scheduler
+// ([model.ServicePort.Scheduler], the proxykit.io/scheduler annotation)
+// is "maglev" or "mh" (IPVS's name for Maglev hashing), at random when it
+// is "random", and as Config.Selection says when it is empty; any other
+// value also gets Config.Selection, and is logged once per service port
+// and value. A change of Scheduler takes effect at the next sync. Tables
+// are per endpoint group, never shared between service ports, so two
+// service ports with the same endpoints can pick differently.
+//
+// The tables are preallocated: Config.MaxMaglevTables × 4.1 KiB per
+// family at the default size. It defaults to 16,384 tables (68 MB; 41 MB
+// for 10,000 service ports) with [SelectionMaglev] and to 256 (1 MiB)
+// with [SelectionRandom], where only service ports asking for Maglev use
+// one; service ports beyond it pick at random, with a warning.
 //
 // # North-south: nftables
 //

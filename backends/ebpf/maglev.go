@@ -18,7 +18,8 @@ import (
 // Maglev consistent hashing (Eisenbud et al., "Maglev: A Fast and
 // Reliable Software Network Load Balancer", NSDI 2016, section 3.4).
 //
-// Each endpoint group with Maglev selection has a lookup table of M
+// Each endpoint group of a service port with Maglev selection (its
+// Scheduler's, else Config.Selection) has a lookup table of M
 // entries (M prime, Config.MaglevTableSize), each entry a slot of the
 // group. Every endpoint has a preference list over the entries, the
 // permutation offset, offset+skip, offset+2·skip, ... (mod M), where
@@ -326,14 +327,18 @@ func tableOps(o *ops, old, s *svcState) {
 // gives those whose endpoints are what they were in prev (the service
 // port's previous state, nil: none) the fingerprint of their unchanged
 // table, so that it is neither rebuilt nor rewritten. The others are
-// built when they are written. A group uses a table with Maglev
-// selection when it has endpoints, no more than the table has entries.
-func (b *backend) planTables(s, prev *svcState) {
+// built when they are written. A group uses a table when sel (the
+// service port's selection, see selectionFor) is Maglev and it has
+// endpoints, no more than the table has entries. Tables are keyed by
+// group id, and every service port has groups of its own: two service
+// ports with the same endpoints but different selections have one
+// table, or none, each.
+func (b *backend) planTables(s, prev *svcState, sel Selection) {
 	for role, g := range s.groups {
 		if g == nil {
 			continue
 		}
-		g.maglev = b.cfg.Selection == SelectionMaglev && len(g.eps) > 0 && len(g.eps) <= b.cfg.MaglevTableSize
+		g.maglev = sel == SelectionMaglev && len(g.eps) > 0 && len(g.eps) <= b.cfg.MaglevTableSize
 		if !g.maglev || prev == nil {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -309,8 +311,8 @@ func TestMaglevFullSyncRepairs(t *testing.T) {
 	x.sync(svcs)
 	x.checkRows()
 
-	// Random selection: the map (resized) holds no row; frontends lose
-	// the flag.
+	// Random selection: the map (adopted: MaxMaglevTables is set)
+	// holds no row any more; frontends lose the flag.
 	x.b.Close()
 	x.cfg.Selection = SelectionRandom
 	x.b = x.newBackend()
@@ -430,4 +432,226 @@ func (x *fixture) netnsCount() int {
 		x.t.Fatal(err)
 	}
 	return n
+}
+
+// withScheduler returns s with its Scheduler set to v (a copy: s is
+// left as it is).
+func withScheduler(s testSvc, v string) testSvc {
+	sp := *s.sp
+	sp.Scheduler = v
+	return testSvc{sp: &sp, t: s.t}
+}
+
+// recordingFixture is newFixture (Maglev selection when maglev is set)
+// with a logger that also records warnings.
+func recordingFixture(t *testing.T, f model.IPFamily, maglev bool) (*fixture, *logRecorder) {
+	var rec *logRecorder
+	mod := func(c *Config) {
+		rec = newLogRecorder(c.Logger.Handler())
+		c.Logger = slog.New(rec)
+	}
+	if maglev {
+		return maglevFixture(t, f, mod), rec
+	}
+	return newFixture(t, f, mod), rec
+}
+
+// clientHash is client_hash of bpf/sock.c for a socket of pod3 bound to
+// the unspecified address and port: the source address is zero at
+// connect time.
+func (x *fixture) clientHash(port uint16) uint64 {
+	x.t.Helper()
+	ns, err := netns.Open(x.tn.Node1.Pods[2].Path())
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	defer ns.Close()
+	cookie, err := netnsCookie(ns)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	h := mix64(mix64(cookie ^ uint64(port)<<32))
+	if x.f == model.IPv6 {
+		h = mix64(h)
+	}
+	return h
+}
+
+// kernelFlagged returns how many of the frontends of s carry the Maglev
+// flag in the kernel's frontend map, and how many it has there.
+func (x *fixture) kernelFlagged(s testSvc) (flagged, total int) {
+	x.t.Helper()
+	have, err := x.b.codec.readSvc(x.b.svcMap)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	for _, e := range x.b.st.svcs[s.sp.Name].fes {
+		v, ok := have[e.key]
+		if !ok {
+			continue
+		}
+		total++
+		if v.Flags&svcMaglev != 0 {
+			flagged++
+		}
+	}
+	return flagged, total
+}
+
+// wantMaglev checks that s picks with its Maglev table: its frontend is
+// flagged in the kernel, and each of 30 client ports of pod3 from
+// firstPort on reaches the endpoint that the table built from the
+// group's endpoints names for the client's hash (a random pick would
+// agree for about a third of them).
+func (x *fixture) wantMaglev(s testSvc, proto string, d netip.AddrPort, firstPort uint16) {
+	x.t.Helper()
+	if flagged, total := x.kernelFlagged(s); total == 0 || flagged != total {
+		x.t.Errorf("%s: %d of %d frontends flagged for Maglev in the kernel, want all", s.sp.Name, flagged, total)
+	}
+	g := x.b.st.svcs[s.sp.Name].groups[0]
+	if !g.maglev {
+		x.t.Fatalf("%s: the group picks at random", s.sp.Name)
+	}
+	m := x.b.cfg.MaglevTableSize
+	table := maglevTable(g.eps, m, nil)
+	pods := []*testnet.Pod{x.p11, x.p12, x.p21}
+	ports := portRange(firstPort, 30)
+	got := x.clientMap(proto, d, ports)
+	wrong := 0
+	for _, p := range ports {
+		ep := g.eps[table[x.clientHash(p)%uint64(m)]]
+		i := slices.IndexFunc(pods, func(pod *testnet.Pod) bool { return pod.IP(x.f) == ep.Addr() })
+		if i < 0 {
+			x.t.Fatalf("%s: endpoint %s is no pod's", s.sp.Name, ep)
+		}
+		if got[p] != pods[i].Name {
+			wrong++
+		}
+	}
+	if wrong > 0 {
+		x.t.Errorf("%s: %d of %d client ports reached another endpoint than the Maglev table's (%v)", s.sp.Name, wrong, len(ports), countServers(got))
+	}
+	if n := countServers(got); len(n) < 2 {
+		x.t.Errorf("%s: 30 client ports reached %v; want them spread", s.sp.Name, n)
+	}
+}
+
+// wantRandom checks that s picks at random: no frontend is flagged in
+// the kernel, and 12 connections from one client port (one identity,
+// one endpoint with Maglev) reach more than one endpoint.
+func (x *fixture) wantRandom(s testSvc, proto string, d netip.AddrPort, port uint16) {
+	x.t.Helper()
+	if flagged, total := x.kernelFlagged(s); total == 0 || flagged != 0 {
+		x.t.Errorf("%s: %d of %d frontends flagged for Maglev in the kernel, want none", s.sp.Name, flagged, total)
+	}
+	got := map[string]int{}
+	for range 12 {
+		srv, err := boundQuery(x.pod3, proto, port, d)
+		if err != nil {
+			x.t.Fatalf("pod3:%d -> %s/%s: %v", port, d, proto, err)
+		}
+		got[srv]++
+	}
+	if len(got) < 2 {
+		x.t.Errorf("%s: 12 connections from pod3:%d reached %v; want a random spread", s.sp.Name, port, got)
+	}
+}
+
+// TestMaglevPerService: with random selection (the default), a service
+// port whose Scheduler asks for Maglev ("maglev", or IPVS's "mh") is
+// balanced by its Maglev table, while one with the same endpoints and no
+// Scheduler, or an unknown one, picks at random, in one proxier; a
+// change of Scheduler switches a live service port at the next
+// incremental sync; an unknown value is logged once per service port
+// and value, not at every sync.
+func TestMaglevPerService(t *testing.T) {
+	forFamilies(t, func(t *testing.T, f model.IPFamily) {
+		x, rec := recordingFixture(t, f, false)
+		if n := x.b.magMap.MaxEntries(); n != DefaultMaxMaglevTablesRandom {
+			t.Errorf("the Maglev map has %d entries with random selection, want %d", n, DefaultMaxMaglevTablesRandom)
+		}
+		v := vip(f, 140)
+		udpEps := []netip.AddrPort{x.ep(x.p11, 8081), x.ep(x.p12, 8081), x.ep(x.p21, 8081)}
+		hashed := withScheduler(svc("hashed", model.UDP, v, 53, udpEps...), "maglev")
+		plain := svc("plain", model.UDP, v, 54, udpEps...) // the same endpoints
+		web := withScheduler(svc("web", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080)), "mh")
+		typo := withScheduler(svc("typo", model.UDP, v, 55, udpEps...), "wrr")
+		x.sync([]testSvc{hashed, plain, web, typo})
+		x.checkRows()
+		x.wantMaglev(hashed, "udp", ap(v, 53), 43000)
+		x.wantMaglev(web, "tcp", ap(v, 80), 43100)
+		x.wantRandom(plain, "udp", ap(v, 54), 43200)
+		x.wantRandom(typo, "udp", ap(v, 55), 43201)
+		warnings := func(want int) {
+			t.Helper()
+			w := rec.schedulerWarnings()
+			if len(w) != want {
+				t.Fatalf("%d warnings about unknown schedulers, want %d: %v", len(w), want, w)
+			}
+		}
+		warnings(1)
+		if w := rec.schedulerWarnings()[0]; w["service"] != typo.sp.Name.String() || w["scheduler"] != "wrr" ||
+			w["using"] != "random" || w["accepted"] != schedulers {
+			t.Errorf("warning %v; want the service, the value, the selection used and the accepted values", w)
+		}
+
+		// Live switch at the next incremental sync: plain to Maglev,
+		// hashed to random. Rows follow: one for plain, none for hashed.
+		plain2, hashed2 := withScheduler(plain, "maglev"), withScheduler(hashed, "random")
+		x.sync([]testSvc{hashed2, plain2, web, typo}, plain.sp.Name, hashed.sp.Name)
+		x.checkRows()
+		x.wantMaglev(plain2, "udp", ap(v, 54), 43300)
+		x.wantRandom(hashed2, "udp", ap(v, 53), 43400)
+		x.wantMaglev(web, "tcp", ap(v, 80), 43100)
+
+		// The unknown value again: at a full sync and an incremental
+		// sync of the port, no new warning; another unknown value, one;
+		// a known one, Maglev; unknown again, one more.
+		svcs := []testSvc{hashed2, plain2, web, typo}
+		x.sync(svcs)
+		x.sync(svcs, typo.sp.Name)
+		warnings(1)
+		typo2 := withScheduler(typo, "least-conn")
+		x.sync([]testSvc{hashed2, plain2, web, typo2}, typo.sp.Name)
+		x.sync([]testSvc{hashed2, plain2, web, typo2})
+		warnings(2)
+		x.wantRandom(typo2, "udp", ap(v, 55), 43401)
+		typo3 := withScheduler(typo, "mh")
+		x.sync([]testSvc{hashed2, plain2, web, typo3}, typo.sp.Name)
+		x.checkRows()
+		x.wantMaglev(typo3, "udp", ap(v, 55), 43500)
+		x.sync([]testSvc{hashed2, plain2, web, typo2}, typo.sp.Name)
+		warnings(3)
+		x.checkRows()
+		x.wantRandom(typo2, "udp", ap(v, 55), 43402)
+	})
+}
+
+// TestMaglevPerServiceOptOut: with Maglev selection, a service port
+// whose Scheduler is "random" picks at random, while one with the same
+// endpoints and no Scheduler, or an unknown one (logged once), keeps
+// Maglev; switched back, it picks with a table at the next incremental
+// sync.
+func TestMaglevPerServiceOptOut(t *testing.T) {
+	forFamilies(t, func(t *testing.T, f model.IPFamily) {
+		x, rec := recordingFixture(t, f, true)
+		v := vip(f, 150)
+		udpEps := []netip.AddrPort{x.ep(x.p11, 8081), x.ep(x.p12, 8081), x.ep(x.p21, 8081)}
+		def := svc("default", model.UDP, v, 53, udpEps...)
+		out := withScheduler(svc("opt-out", model.UDP, v, 54, udpEps...), "random")
+		odd := withScheduler(svc("odd", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080)), "least_conn")
+		x.sync([]testSvc{def, out, odd})
+		x.sync([]testSvc{def, out, odd})
+		x.checkRows()
+		x.wantMaglev(def, "udp", ap(v, 53), 44000)
+		x.wantRandom(out, "udp", ap(v, 54), 44100)
+		x.wantMaglev(odd, "tcp", ap(v, 80), 44200)
+		if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["scheduler"] != "least_conn" || w[0]["using"] != "maglev" {
+			t.Errorf("warnings about unknown schedulers: %v; want one for least_conn", w)
+		}
+		back := withScheduler(out, "")
+		x.sync([]testSvc{def, back, odd}, out.sp.Name)
+		x.checkRows()
+		x.wantMaglev(back, "udp", ap(v, 54), 44300)
+	})
 }

@@ -1,12 +1,16 @@
 package ebpf
 
 import (
+	"context"
 	"encoding/binary"
 	"hash/maphash"
+	"log/slog"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/proxykit/proxykit/model"
@@ -188,15 +192,10 @@ func TestRowWriterView(t *testing.T) {
 // unchanged group keeps its fingerprint (not rebuilt); a service port
 // beyond MaxMaglevTables picks at random; frontends carry the flag.
 func TestPlanTables(t *testing.T) {
-	b := &backend{cfg: Config{Selection: SelectionMaglev, MaglevTableSize: 7, MaxMaglevTables: 2}.WithDefaults(), rows: newRowWriter(7, maphash.MakeSeed())}
+	b := &backend{cfg: Config{Selection: SelectionMaglev, MaglevTableSize: 7, MaxMaglevTables: 2}.WithDefaults(), rows: newRowWriter(7, maphash.MakeSeed()),
+		warned: newSchedulerWarnings(), log: slog.New(slog.DiscardHandler)}
 	ids := &idAllocator{}
-	e := func(ss ...string) []*model.Endpoint {
-		var out []*model.Endpoint
-		for _, a := range aps(ss...) {
-			out = append(out, &model.Endpoint{Addr: a, Ready: true, Serving: true})
-		}
-		return out
-	}
+	e := func(ss ...string) []*model.Endpoint { return eps(aps(ss...)...) }
 	sp := func(name string, ip string) *model.ServicePort {
 		return &model.ServicePort{Name: spName(name, model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP}
 	}
@@ -206,7 +205,7 @@ func TestPlanTables(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.planTables(s, prev)
+		b.planTables(s, prev, b.selectionFor(p))
 		if prev != nil {
 			st.release(p.Name)
 		}
@@ -281,6 +280,306 @@ func TestParseSelection(t *testing.T) {
 	}
 	if _, err := ParseSelection("roundrobin"); err == nil {
 		t.Error("ParseSelection accepted an unknown name")
+	}
+}
+
+// TestSchedulerSelection: the Scheduler values a service port can ask
+// for, and what an unknown one gets.
+func TestSchedulerSelection(t *testing.T) {
+	for _, def := range []Selection{SelectionRandom, SelectionMaglev} {
+		for _, c := range []struct {
+			scheduler string
+			want      Selection
+			known     bool
+		}{
+			{"", def, true},
+			{"maglev", SelectionMaglev, true},
+			{"mh", SelectionMaglev, true},
+			{"random", SelectionRandom, true},
+			{" MH ", SelectionMaglev, true},
+			{"Random", SelectionRandom, true},
+			{"rr", def, false},
+			{"wrr", def, false},
+			{"sh", def, false},
+			{"maglev-hash", def, false},
+			{"ring_hash", def, false},
+		} {
+			got, known := schedulerSelection(c.scheduler, def)
+			if got != c.want || known != c.known {
+				t.Errorf("schedulerSelection(%q, %v) = %v, %v; want %v, %v", c.scheduler, def, got, known, c.want, c.known)
+			}
+		}
+	}
+}
+
+// TestMaxMaglevTablesDefault: the Maglev maps are large with Maglev
+// selection, small with random selection (where only service ports
+// asking for Maglev use them); a value set is kept.
+func TestMaxMaglevTablesDefault(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want int
+	}{
+		{Config{}, DefaultMaxMaglevTablesRandom},
+		{Config{Selection: SelectionMaglev}, DefaultMaxMaglevTables},
+		{Config{MaxMaglevTables: 10}, 10},
+		{Config{Selection: SelectionMaglev, MaxMaglevTables: 10}, 10},
+	} {
+		if got := c.cfg.WithDefaults().MaxMaglevTables; got != c.want {
+			t.Errorf("%v selection, MaxMaglevTables %d: default %d, want %d", c.cfg.Selection, c.cfg.MaxMaglevTables, got, c.want)
+		}
+	}
+	if DefaultMaxMaglevTablesRandom >= DefaultMaxMaglevTables {
+		t.Error("the random selection's default is not the smaller one")
+	}
+}
+
+// logRecorder is a slog handler that keeps the warnings (with every
+// attribute, those of With included) and passes every record on.
+type logRecorder struct {
+	mu       *sync.Mutex
+	warnings *[]map[string]string
+	attrs    []slog.Attr
+	next     slog.Handler
+}
+
+func newLogRecorder(next slog.Handler) *logRecorder {
+	return &logRecorder{mu: &sync.Mutex{}, warnings: &[]map[string]string{}, next: next}
+}
+
+func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *logRecorder) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		m := map[string]string{"msg": r.Message}
+		for _, a := range h.attrs {
+			m[a.Key] = a.Value.String()
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			m[a.Key] = a.Value.String()
+			return true
+		})
+		h.mu.Lock()
+		*h.warnings = append(*h.warnings, m)
+		h.mu.Unlock()
+	}
+	if h.next != nil && h.next.Enabled(ctx, r.Level) {
+		return h.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (h *logRecorder) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *h
+	c.attrs = append(slices.Clone(h.attrs), as...)
+	if h.next != nil {
+		c.next = h.next.WithAttrs(as)
+	}
+	return &c
+}
+
+func (h *logRecorder) WithGroup(name string) slog.Handler {
+	c := *h
+	if h.next != nil {
+		c.next = h.next.WithGroup(name)
+	}
+	return &c
+}
+
+// schedulerWarnings returns the warnings about unknown schedulers.
+func (h *logRecorder) schedulerWarnings() []map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []map[string]string
+	for _, w := range *h.warnings {
+		if w["scheduler"] != "" {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// tablesFullWarnings returns the warnings about full Maglev maps.
+func (h *logRecorder) tablesFullWarnings() []map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []map[string]string
+	for _, w := range *h.warnings {
+		if strings.Contains(w["msg"], "Maglev tables full") {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// TestPlanTablesPerService: with random selection, a service port whose
+// Scheduler asks for Maglev gets a table and the flag, one with the
+// same endpoints and no Scheduler none; with Maglev selection, one
+// asking for "random" none; an unknown value gets the proxier's
+// selection. Beyond MaxMaglevTables, a service port asking for Maglev
+// picks at random, and the warning says so.
+func TestPlanTablesPerService(t *testing.T) {
+	rec := newLogRecorder(nil)
+	b := &backend{cfg: Config{MaglevTableSize: 7, MaxMaglevTables: 3}.WithDefaults(), family: model.IPv4,
+		rows: newRowWriter(7, maphash.MakeSeed()), warned: newSchedulerWarnings(), log: slog.New(rec)}
+	ids := &idAllocator{}
+	e := func(ss ...string) []*model.Endpoint { return eps(aps(ss...)...) }
+	both := e("10.244.1.1:80", "10.244.1.2:80")
+	st := newState()
+	mk := func(name, ip, scheduler string, eps []*model.Endpoint) *svcState {
+		t.Helper()
+		p := &model.ServicePort{Name: spName(name, model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP, Scheduler: scheduler}
+		prev := st.svcs[p.Name]
+		s, err := render(model.IPv4, p, &proxier.Targets{Internal: eps, External: eps, HasEndpoints: len(eps) > 0}, prev, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.planTables(s, prev, b.selectionFor(p))
+		st.release(p.Name)
+		if err := st.admit(p.Name, s, &b.cfg, model.IPv4); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	usesTable := func(s *svcState) bool {
+		return s.groups[0].maglev && s.fes[0].val.Flags&svcMaglev != 0
+	}
+	if s := mk("hashed", "10.96.0.1", "maglev", both); !usesTable(s) {
+		t.Errorf("random selection, Scheduler maglev: %+v, want a table and the flag", s.fes)
+	}
+	if s := mk("same", "10.96.0.2", "", both); usesTable(s) || s.groups[0].maglev {
+		t.Errorf("random selection, no Scheduler, the same endpoints: %+v uses a table", s.fes)
+	}
+	if s := mk("ipvs", "10.96.0.3", "mh", both); !usesTable(s) {
+		t.Errorf("Scheduler mh: %+v, want a table", s.fes)
+	}
+	if s := mk("typo", "10.96.0.4", "wrr", both); usesTable(s) {
+		t.Errorf("unknown Scheduler with random selection: %+v uses a table", s.fes)
+	}
+	if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["service"] != spName("typo", model.TCP).String() ||
+		w[0]["scheduler"] != "wrr" || w[0]["using"] != "random" || !strings.Contains(w[0]["accepted"], "maglev, mh, random") {
+		t.Errorf("warnings about the unknown scheduler: %v", w)
+	}
+	// The same endpoint set has a table per service port that asks
+	// for one: tables are per group.
+	if st.ntables != 2 || st.svcs[spName("hashed", model.TCP)].groups[0].id == st.svcs[spName("ipvs", model.TCP)].groups[0].id {
+		t.Errorf("%d tables; want one for each of the two service ports asking for Maglev", st.ntables)
+	}
+	// One table left, then none: the next service port asking for
+	// Maglev picks at random.
+	if s := mk("third", "10.96.0.5", "maglev", both); !usesTable(s) {
+		t.Errorf("the last table: %+v", s.fes)
+	}
+	if s := mk("fourth", "10.96.0.6", "maglev", both); usesTable(s) || st.noTable != 1 {
+		t.Errorf("beyond MaxMaglevTables: %+v, noTable %d; want random selection", s.fes, st.noTable)
+	}
+	b.warnNoTable(st)
+	if w := rec.tablesFullWarnings(); len(w) != 1 || w[0]["servicePorts"] != "1" {
+		t.Errorf("warnings about full tables: %v", w)
+	}
+	// A switch of a live service port: to random frees its table,
+	// which the next one asking for Maglev gets.
+	old := st.svcs[spName("hashed", model.TCP)]
+	if s := mk("hashed", "10.96.0.1", "random", both); usesTable(s) || s.groups[0].id != old.groups[0].id {
+		t.Errorf("switched to random: %+v", s.fes)
+	}
+	if s := mk("fourth", "10.96.0.6", "maglev", both); !usesTable(s) {
+		t.Errorf("after a table was freed: %+v", s.fes)
+	}
+
+	// Maglev selection: "random" opts out, an unknown value and no
+	// Scheduler use the proxier's.
+	b.cfg.Selection = SelectionMaglev
+	if s := mk("opt-out", "10.96.0.7", "random", both); usesTable(s) {
+		t.Errorf("Maglev selection, Scheduler random: %+v uses a table", s.fes)
+	}
+	st.release(spName("third", model.TCP))
+	st.release(spName("ipvs", model.TCP))
+	if s := mk("default", "10.96.0.8", "", both); !usesTable(s) {
+		t.Errorf("Maglev selection, no Scheduler: %+v", s.fes)
+	}
+	if s := mk("typo2", "10.96.0.9", "least-conn", both); !usesTable(s) {
+		t.Errorf("Maglev selection, unknown Scheduler: %+v", s.fes)
+	}
+	if w := rec.schedulerWarnings(); len(w) != 2 || w[1]["scheduler"] != "least-conn" || w[1]["using"] != "maglev" {
+		t.Errorf("warnings about unknown schedulers: %v", w)
+	}
+}
+
+// TestSchedulerWarnings: an unknown Scheduler is logged once per
+// service port and value, by whichever family backend sees it first;
+// again after the value changed, or after it was known or the service
+// port gone for a while. A full sync forgets the service ports it no
+// longer sees with an unknown value.
+func TestSchedulerWarnings(t *testing.T) {
+	rec := newLogRecorder(nil)
+	warned := newSchedulerWarnings()
+	mkBackend := func(f model.IPFamily) *backend {
+		return &backend{cfg: Config{}.WithDefaults(), family: f, rows: newRowWriter(DefaultMaglevTableSize, maphash.MakeSeed()),
+			warned: warned, log: slog.New(rec).With("family", f.String()), st: newState()}
+	}
+	b4, b6 := mkBackend(model.IPv4), mkBackend(model.IPv6)
+	sp := func(name, scheduler string) *model.ServicePort {
+		return &model.ServicePort{Name: spName(name, model.UDP), Protocol: model.UDP, Port: 53, Scheduler: scheduler}
+	}
+	count := func() int { t.Helper(); return len(rec.schedulerWarnings()) }
+	for range 3 {
+		b4.selectionFor(sp("a", "wrr"))
+		b6.selectionFor(sp("a", "wrr"))
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d warnings for one value seen by both families three times, want 1", n)
+	}
+	b6.selectionFor(sp("a", "lc"))
+	b4.selectionFor(sp("a", "lc"))
+	if n := count(); n != 2 {
+		t.Errorf("%d warnings after the value changed, want 2", n)
+	}
+	b4.selectionFor(sp("b", "lc"))
+	if n := count(); n != 3 {
+		t.Errorf("%d warnings after another service port used the value, want 3", n)
+	}
+	// Known for one family only: the other still remembers.
+	warned.forget(model.IPv4, spName("a", model.UDP))
+	b4.selectionFor(sp("a", "lc"))
+	if n := count(); n != 3 {
+		t.Errorf("%d warnings; a family that forgot the value logged it again while the other remembers", n)
+	}
+	warned.forget(model.IPv4, spName("a", model.UDP))
+	warned.forget(model.IPv6, spName("a", model.UDP))
+	b4.selectionFor(sp("a", "lc"))
+	if n := count(); n != 4 {
+		t.Errorf("%d warnings after the value was forgotten by both families and came back, want 4", n)
+	}
+
+	// Through full syncs (render only): the same state twice, one
+	// warning per service port; a service port dropped and back, a new
+	// one; a service port fixed, none.
+	rec2 := newLogRecorder(nil)
+	b := &backend{cfg: Config{}.WithDefaults(), family: model.IPv4, rows: newRowWriter(DefaultMaglevTableSize, maphash.MakeSeed()),
+		warned: newSchedulerWarnings(), log: slog.New(rec2), st: newState()}
+	x := svc("x", model.UDP, netip.MustParseAddr("10.96.0.1"), 53, netip.MustParseAddrPort("10.244.1.1:53"))
+	y := svc("y", model.UDP, netip.MustParseAddr("10.96.0.2"), 53, netip.MustParseAddrPort("10.244.1.1:53"))
+	x.sp.Scheduler, y.sp.Scheduler = "bogus", "bogus"
+	full := func(svcs ...testSvc) {
+		st, errs := b.renderAll(request(model.IPv4, svcs, nil), &kernelState{})
+		if len(errs) != 0 {
+			t.Fatal(errs)
+		}
+		b.st = st
+	}
+	full(x, y)
+	full(x, y)
+	if n := len(rec2.schedulerWarnings()); n != 2 {
+		t.Errorf("%d warnings after two full syncs of two service ports with an unknown scheduler, want 2", n)
+	}
+	full(x)
+	full(x, y)
+	if n := len(rec2.schedulerWarnings()); n != 3 {
+		t.Errorf("%d warnings after a service port left and came back, want 3", n)
+	}
+	if w := rec2.schedulerWarnings(); w[0]["using"] != "random" || w[0]["service"] != x.sp.Name.String() {
+		t.Errorf("warning %v", w[0])
 	}
 }
 

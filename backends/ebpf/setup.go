@@ -33,13 +33,25 @@ const (
 	// and within 10% up to 100.
 	DefaultMaglevTableSize = 1021
 	// DefaultMaxMaglevTables is the size of the Maglev table maps, per
-	// family, with Maglev selection.
+	// family, with [SelectionMaglev]: 68 MB per family at the default
+	// table size.
 	DefaultMaxMaglevTables = 1 << 14
+	// DefaultMaxMaglevTablesRandom is the size of the Maglev table maps,
+	// per family, with [SelectionRandom], where only the service ports
+	// whose Scheduler asks for Maglev use a table: about 1 MiB per
+	// family at the default table size.
+	DefaultMaxMaglevTablesRandom = 256
 )
 
 // Selection is how the socket programs pick a service's endpoint for a
 // new connection (and, with session affinity, for a client without a
-// live affinity entry).
+// live affinity entry). Config.Selection is the proxier's; a service
+// port can ask for another one with its Scheduler
+// ([model.ServicePort.Scheduler], the proxykit.io/scheduler annotation):
+// "maglev" or "mh" (IPVS's name for Maglev hashing) for
+// [SelectionMaglev], "random" for [SelectionRandom]. Empty, or any other
+// value (logged once per service port and value), means
+// Config.Selection.
 type Selection int
 
 const (
@@ -138,8 +150,10 @@ type Config struct {
 	// [DefaultMaxSockets].
 	MaxSockets int
 
-	// Selection is how an endpoint is picked for a new connection. The
-	// zero value is [SelectionRandom].
+	// Selection is how an endpoint is picked for a new connection by
+	// the service ports that do not ask for one of their own: those
+	// whose Scheduler is empty or unknown (see [Selection]). The zero
+	// value is [SelectionRandom].
 	Selection Selection
 	// MaglevTableSize is the number of entries of each Maglev table, a
 	// prime of at most 131071. The larger it is relative to a group's
@@ -147,17 +161,22 @@ type Config struct {
 	// entries per endpoint keep the shares within 1% of each other) and
 	// the fewer clients of other endpoints move when one comes or goes;
 	// a group with more endpoints than entries picks at random. Zero
-	// means [DefaultMaglevTableSize]. Used with [SelectionMaglev] only.
+	// means [DefaultMaglevTableSize]. Used by the service ports that
+	// pick with Maglev.
 	MaglevTableSize int
 	// MaxMaglevTables bounds the Maglev tables per family: one per
-	// endpoint group with endpoints (a service port has one, two when
-	// its external traffic has other endpoints than its cluster
-	// traffic). The maps are preallocated: each table takes
-	// 4 × MaglevTableSize bytes plus 64 bytes of map overhead, 4.1 KiB at
-	// the default size, so the default 16,384 tables take 68 MB per
-	// family (10,000 take 41 MB). Service ports beyond the limit pick at
-	// random (a warning is logged). Zero means [DefaultMaxMaglevTables].
-	// With [SelectionRandom] the maps hold one entry.
+	// endpoint group with endpoints of a service port that picks with
+	// Maglev (a service port has one group, two when its external
+	// traffic has other endpoints than its cluster traffic). The maps
+	// are preallocated: each table takes 4 × MaglevTableSize bytes plus
+	// about 64 bytes of map overhead, 4.1 KiB at the default size.
+	// Service ports beyond the limit pick at random (a warning is
+	// logged at every sync that leaves one out) until a sync finds
+	// room. Zero means [DefaultMaxMaglevTables] (16,384 tables: 68 MB
+	// per family; 10,000 take 41 MB) with [SelectionMaglev], and
+	// [DefaultMaxMaglevTablesRandom] (256 tables: 1 MiB per family) with
+	// [SelectionRandom], where only service ports whose Scheduler asks
+	// for Maglev use a table.
 	MaxMaglevTables int
 }
 
@@ -184,7 +203,10 @@ func (c Config) WithDefaults() Config {
 		c.MaglevTableSize = DefaultMaglevTableSize
 	}
 	if c.MaxMaglevTables <= 0 {
-		c.MaxMaglevTables = DefaultMaxMaglevTables
+		c.MaxMaglevTables = DefaultMaxMaglevTablesRandom
+		if c.Selection == SelectionMaglev {
+			c.MaxMaglevTables = DefaultMaxMaglevTables
+		}
 	}
 	return c
 }
@@ -296,6 +318,7 @@ func newBackend(cfg Config, family model.IPFamily, dp *dataplane) (*backend, err
 		log:    cfg.Logger.With("backend", "ebpf", "family", family.String()),
 	}
 	b.svcMap, b.beMap, b.nodeMap, b.magMap = dp.familyMaps(family)
+	b.warned = dp.warned
 	b.rows = newRowWriter(cfg.MaglevTableSize, maphash.MakeSeed())
 	ns, err := netns.Open(cfg.NetNS)
 	if err != nil {

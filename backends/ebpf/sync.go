@@ -34,11 +34,14 @@ type backend struct {
 	magMap *ebpf.Map
 	// rows builds, writes and reads the Maglev tables.
 	rows *rowWriter
-	ns   *netns.NS
-	nl   *netlink.Handle
-	nft  proxier.Backend // nil with SocketOnly
-	log  *slog.Logger
-	ids  idAllocator
+	// warned remembers the unknown schedulers logged (shared with the
+	// other family's backend).
+	warned *schedulerWarnings
+	ns     *netns.NS
+	nl     *netlink.Handle
+	nft    proxier.Backend // nil with SocketOnly
+	log    *slog.Logger
+	ids    idAllocator
 	// st is what the maps hold as of the last successful sync; nil when
 	// unknown (before the first sync, after a failure or Cleanup).
 	st *state
@@ -315,7 +318,7 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 		}
 		s, err := render(b.family, sp, req.Targets[name], prev, &b.ids)
 		if err == nil {
-			b.planTables(s, prev)
+			b.planTables(s, prev, b.selectionFor(sp))
 			err = st.admit(name, s, &b.cfg, b.family)
 		}
 		if err != nil {
@@ -328,6 +331,10 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 			}
 		}
 	}
+	b.warned.retain(b.family, func(name model.ServicePortName) bool {
+		sp := req.State.Services[name]
+		return sp != nil && unknownScheduler(sp)
+	})
 	return st, errs
 }
 
@@ -484,17 +491,21 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 	var stale []staleKey
 	for _, name := range names {
 		var s *svcState
-		if sp, ok := req.State.Services[name]; ok {
+		sp, ok := req.State.Services[name]
+		if ok {
 			var err error
 			s, err = render(b.family, sp, req.Targets[name], old[name], &b.ids)
 			if err == nil {
-				b.planTables(s, old[name])
+				b.planTables(s, old[name], b.selectionFor(sp))
 				err = st.admit(name, s, &b.cfg, b.family)
 			}
 			if err != nil {
 				objErrs[name] = err
 				s = nil
 			}
+		}
+		if !ok || !unknownScheduler(sp) {
+			b.warned.forget(b.family, name)
 		}
 		diffService(o, old[name], s, putSvc)
 		tableOps(o, old[name], s)

@@ -139,9 +139,11 @@ struct {
 
 /* Maglev lookup tables: endpoint group id -> maglev_size slots of the
  * group (keys of pk_be4/pk_be6), built by the Go side from the group's
- * endpoints. The value type is a placeholder: the Go side sets the
- * value size (4 * maglev_size) and max_entries at load time; with
- * random selection the maps have one entry. */
+ * endpoints, for the groups of service ports that pick with Maglev
+ * (their scheduler's choice, or the proxier's). The value type is a
+ * placeholder: the Go side sets the value size (4 * maglev_size) and
+ * max_entries at load time; a family that is not configured gets one
+ * entry. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
