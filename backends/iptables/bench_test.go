@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
-	"github.com/proxykit/proxykit/proxier"
 )
 
 // Run with (10,000 services take minutes):
@@ -19,27 +19,6 @@ import (
 //
 // PROXYKIT_BENCH_MODE=nft or legacy limits the runs to one flavour. Each
 // benchmark programs the node namespace of a fresh testnet topology.
-
-// scaleServices returns n ClusterIP service ports with eps endpoints
-// each; every tenth also has a node port (the nftables backend's scale
-// generator).
-func scaleServices(n, eps int) []testSvc {
-	out := make([]testSvc, 0, n)
-	for i := range n {
-		ip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
-		var e []*model.Endpoint
-		for j := range eps {
-			k := i*eps + j
-			e = append(e, &model.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(64 + k>>16), byte(k >> 8), byte(k)}), 8080), Ready: true, Serving: true})
-		}
-		sp := &model.ServicePort{Name: spName(fmt.Sprintf("svc-%05d", i), "http", model.TCP), ClusterIP: ip, Port: 80, Protocol: model.TCP}
-		if i%10 == 0 {
-			sp.NodePort = uint16(30000 + i/10%2000)
-		}
-		out = append(out, testSvc{sp: sp, t: &proxier.Targets{Internal: e, External: e, HasEndpoints: true}})
-	}
-	return out
-}
 
 // benchModes are the flavours to benchmark: both, or the one named by
 // PROXYKIT_BENCH_MODE.
@@ -94,7 +73,7 @@ func BenchmarkFullSync(b *testing.B) {
 		for _, n := range []int{1000, 10000} {
 			b.Run(fmt.Sprintf("mode=%s/services=%d", m, n), func(b *testing.B) {
 				be, _ := benchBackend(b, m, Config{})
-				req := request(model.IPv4, scaleServices(n, 10), nil)
+				req := request(model.IPv4, backendtest.ScaleServices(n, 10), nil)
 				var cpu time.Duration
 				for b.Loop() {
 					b.StopTimer()
@@ -124,7 +103,7 @@ func BenchmarkRender(b *testing.B) {
 		}{{"one-section", 0}, {"sections", nftChunk(11*n, false)}} {
 			b.Run(fmt.Sprintf("services=%d/%s", n, layout.name), func(b *testing.B) {
 				be := offlineBackend(b, model.IPv4, Config{})
-				req := request(model.IPv4, scaleServices(n, 10), nil)
+				req := request(model.IPv4, backendtest.ScaleServices(n, 10), nil)
 				errs := map[model.ServicePortName]error{}
 				var bytes int
 				for b.Loop() {
@@ -161,7 +140,7 @@ func BenchmarkFullResync(b *testing.B) {
 						cfg.RewriteInterval = -1
 					}
 					be, _ := benchBackend(b, m, cfg)
-					req := request(model.IPv4, scaleServices(n, 10), nil)
+					req := request(model.IPv4, backendtest.ScaleServices(n, 10), nil)
 					if err := be.Sync(b.Context(), req); err != nil {
 						b.Fatal(err)
 					}
@@ -184,16 +163,13 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 		for _, n := range []int{100, 10000} {
 			b.Run(fmt.Sprintf("mode=%s/services=%d", m, n), func(b *testing.B) {
 				be, _ := benchBackend(b, m, Config{})
-				svcs := scaleServices(n, 10)
+				svcs := backendtest.ScaleServices(n, 10)
 				if err := be.Sync(b.Context(), request(model.IPv4, svcs, nil)); err != nil {
 					b.Fatal(err)
 				}
 				base := svcs[n/2]
-				grown := testSvc{sp: base.sp, t: &proxier.Targets{HasEndpoints: true,
-					Internal: append(append([]*model.Endpoint{}, base.t.Internal...), ep("10.200.0.1:8080"))}}
-				grown.t.External = grown.t.Internal
-				changed := svcNames(base)
-				svcs[n/2] = grown
+				changed := backendtest.Names(base)
+				svcs[n/2] = base.WithAdded(backendtest.Endpoint("10.200.0.1:8080"))
 				grownReq := request(model.IPv4, svcs, changed)
 				svcs[n/2] = base
 				baseReq := request(model.IPv4, svcs, changed)
@@ -226,7 +202,7 @@ func BenchmarkConnect(b *testing.B) {
 		for _, n := range []int{10, 10000} {
 			b.Run(fmt.Sprintf("mode=%s/services=%d", m, n), func(b *testing.B) {
 				be, tn := benchBackend(b, m, Config{})
-				svcs := scaleServices(n, 10)
+				svcs := backendtest.ScaleServices(n, 10)
 				pod := tn.Node1.Pods[0]
 				probed := clusterSvc("probed", model.TCP, "10.97.0.1", 80, netip.AddrPortFrom(pod.IPv4, 8080).String())
 				if err := be.Sync(b.Context(), request(model.IPv4, svcs, nil)); err != nil {

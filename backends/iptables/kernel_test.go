@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/iptables"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -173,9 +174,9 @@ func TestKernelLegacy(t *testing.T) {
 				wrap = func(a string, port int) string { return fmt.Sprintf("[%s]:%d", a, port) }
 			}
 			s := e.svc(f, "web", ip, p11, p21)
-			s.sp.NodePort = 30080
-			s.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr(lb)}
-			s.sp.SessionAffinity = true
+			s.Port.NodePort = 30080
+			s.Port.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr(lb)}
+			s.Port.SessionAffinity = true
 			none := e.svc(f, "none", empty)
 			mustSync(t, b, request(f, []testSvc{s, none}, nil))
 			first := e.answers(&e.pod(1, 2).Host, wrap(ip, 80))
@@ -191,8 +192,8 @@ func TestKernelLegacy(t *testing.T) {
 			}
 			// A partial sync: the endpoint set changes.
 			s2 := e.svc(f, "web", ip, p21)
-			s2.sp = s.sp
-			mustSync(t, b, request(f, []testSvc{s2, none}, svcNames(s2)))
+			s2.Port = s.Port
+			mustSync(t, b, request(f, []testSvc{s2, none}, backendtest.Names(s2)))
 			for range 5 {
 				if got := e.answers(e.tn.Client, wrap(lb, 80)); got != p21.Name {
 					t.Fatalf("after the change: %s", got)
@@ -231,7 +232,7 @@ func TestKernelCanaryFlushResync(t *testing.T) {
 	}
 	// The next partial sync finds the canary gone and rewrites all.
 	bsvc := e.svc(model.IPv4, "b", "10.96.2.2", p21)
-	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, svcNames(bsvc)))
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, backendtest.Names(bsvc)))
 	if !b.last.full {
 		t.Fatal("the sync after the flush was not a full one")
 	}
@@ -265,22 +266,22 @@ func TestKernelCanaryFlushResync(t *testing.T) {
 	}
 	// A rule of ours deleted behind our back: the partial sync that
 	// would delete it notices and rewrites everything.
-	e.exec("iptables-nft", "-w", "-t", "nat", "-F", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
+	e.exec("iptables-nft", "-w", "-t", "nat", "-F", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.Port.Name)))
 	e.exec("iptables-nft", "-w", "-t", "nat", "-D", "PROXYKIT-SERVICES", "-m", "comment", "--comment", "default/a/TCP cluster IP",
-		"-d", "10.96.2.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-g", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.sp.Name)))
-	mustSync(t, b, request(model.IPv4, []testSvc{bsvc}, svcNames(a)))
+		"-d", "10.96.2.1/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-g", b.r.n.chain(kindSVC, b.r.n.serviceHash(a.Port.Name)))
+	mustSync(t, b, request(model.IPv4, []testSvc{bsvc}, backendtest.Names(a)))
 	if !b.last.full {
 		t.Fatal("a missing rule was not noticed")
 	}
 	if r := node.TCP(netip.MustParseAddrPort("10.96.2.1:80"), time.Second); r.Outcome == testnet.Answered {
 		t.Fatal("a deleted service answers")
 	}
-	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, svcNames(a)))
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, backendtest.Names(a)))
 	if got := e.answers(node, "10.96.2.1:80"); got != p11.Name {
 		t.Fatalf("a re-added: %s", got)
 	}
 	// A partial sync without changes runs nothing.
-	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, svcNames(a)))
+	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, backendtest.Names(a)))
 	if b.last.lines != 0 {
 		t.Fatalf("a partial sync without changes wrote %d lines", b.last.lines)
 	}
@@ -304,7 +305,7 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 			mustSync(t, b, request(model.IPv4, []testSvc{a, other}, nil))
 
 			b.r.badRule = func(n model.ServicePortName) string {
-				if n == a.sp.Name {
+				if n == a.Port.Name {
 					return tc.bad
 				}
 				return ""
@@ -314,8 +315,8 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 			a2, other2 := e.svc(model.IPv4, "a", "10.96.3.1", p21), e.svc(model.IPv4, "other", "10.96.3.2", p21)
 			c := e.svc(model.IPv4, "c", "10.96.3.3", p21)
 			svcs := []testSvc{a2, other2, c}
-			err := b.Sync(t.Context(), request(model.IPv4, svcs, svcNames(a2, other2, c)))
-			checkRefused(t, err, a.sp.Name, tc.bad)
+			err := b.Sync(t.Context(), request(model.IPv4, svcs, backendtest.Names(a2, other2, c)))
+			checkRefused(t, err, a.Port.Name, tc.bad)
 			if got := e.answers(node, "10.96.3.1:80"); got != p11.Name {
 				t.Fatalf("a after its refused change: %s, want its previous endpoint %s", got, p11.Name)
 			}
@@ -326,13 +327,13 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 			}
 			// A full rewrite keeps a's previous rules as well.
 			err = b.Sync(t.Context(), request(model.IPv4, svcs, nil))
-			checkRefused(t, err, a.sp.Name, tc.bad)
+			checkRefused(t, err, a.Port.Name, tc.bad)
 			if got := e.answers(node, "10.96.3.1:80"); got != p11.Name {
 				t.Fatalf("a after a full sync: %s", got)
 			}
 			// Once the rule is fine, a follows.
 			b.r.badRule = nil
-			mustSync(t, b, request(model.IPv4, svcs, svcNames(a2)))
+			mustSync(t, b, request(model.IPv4, svcs, backendtest.Names(a2)))
 			if got := e.answers(node, "10.96.3.1:80"); got != p21.Name {
 				t.Fatalf("a after the fix: %s", got)
 			}
@@ -375,7 +376,7 @@ func TestKernelCoexistenceAndCleanup(t *testing.T) {
 
 	b4, b6 := e.backend(model.IPv4, Config{}), e.backend(model.IPv6, Config{})
 	s4 := e.svc(model.IPv4, "web", "10.96.4.1", p11)
-	s4.sp.NodePort = 30080
+	s4.Port.NodePort = 30080
 	s6 := e.svc(model.IPv6, "web", "fd00:10:96::41", p11)
 	mustSync(t, b4, request(model.IPv4, []testSvc{s4}, nil))
 	mustSync(t, b6, request(model.IPv6, []testSvc{s6}, nil))
@@ -507,7 +508,7 @@ func TestKernelRefusedRuleInLaterRun(t *testing.T) {
 		}
 		svcs = append(svcs, e.svc(model.IPv4, fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.4.%d", i+1), pod))
 	}
-	bad := svcs[5].sp.Name
+	bad := svcs[5].Port.Name
 	b.r.badRule = func(n model.ServicePortName) string {
 		if n == bad {
 			return "-j REJECT"
@@ -521,8 +522,8 @@ func TestKernelRefusedRuleInLaterRun(t *testing.T) {
 		t.Fatalf("%d sections, want %d", b.last.sections, len(svcs))
 	}
 	for i, s := range svcs {
-		addr := netip.AddrPortFrom(s.sp.ClusterIP, 80)
-		if s.sp.Name == bad {
+		addr := netip.AddrPortFrom(s.Port.ClusterIP, 80)
+		if s.Port.Name == bad {
 			if r := node.TCP(addr, probeTimeout); r.Outcome == testnet.Answered {
 				t.Errorf("the refused service port answers: %v", r)
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -37,7 +38,7 @@ func lines(rd rendering) []string {
 
 func mustRender(t *testing.T, r *renderer, s testSvc) rendering {
 	t.Helper()
-	rd, err := r.service(s.sp.Name, s.sp, s.t)
+	rd, err := r.service(s.Port.Name, s.Port, s.Targets)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,9 +66,9 @@ func TestNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := spName("web", "http", model.TCP)
+	name := backendtest.PortName("web", "http", model.TCP)
 	h := n.serviceHash(name)
-	if len(h) != 15 || h != n.serviceHash(name) || h == n.serviceHash(spName("web", "http", model.UDP)) {
+	if len(h) != 15 || h != n.serviceHash(name) || h == n.serviceHash(backendtest.PortName("web", "http", model.UDP)) {
 		t.Fatalf("service hash %q", h)
 	}
 	for _, c := range []string{n.chain(kindSVC, h), n.chain(kindFW, h), n.sep(name, "[fd00::1]:8080"), n.fixed(chExternal)} {
@@ -96,9 +97,9 @@ func TestRenderClusterIP(t *testing.T) {
 	r := testRenderer(t, model.IPv4, Config{})
 	s := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")
 	rd := mustRender(t, r, s)
-	h := r.n.serviceHash(s.sp.Name)
+	h := r.n.serviceHash(s.Port.Name)
 	svc := "PROXYKIT-SVC-" + h
-	sep := func(e string) string { return r.n.sep(s.sp.Name, e) }
+	sep := func(e string) string { return r.n.sep(s.Port.Name, e) }
 	want := []string{
 		`nat PROXYKIT-SERVICES -m comment --comment "default/web/TCP cluster IP" -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -g ` + svc,
 	}
@@ -124,8 +125,8 @@ func TestRenderClusterIP(t *testing.T) {
 func TestRenderNoEndpoints(t *testing.T) {
 	r := testRenderer(t, model.IPv4, Config{})
 	s := clusterSvc("empty", model.UDP, "10.96.0.2", 53)
-	s.sp.NodePort = 30053
-	s.sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.7")}
+	s.Port.NodePort = 30053
+	s.Port.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.7")}
 	rd := mustRender(t, r, s)
 	want := []string{
 		`filter PROXYKIT-SERVICES -m comment --comment "default/empty/UDP has no endpoints" -d 10.96.0.2/32 -p udp -m udp --dport 53 -j REJECT`,
@@ -143,10 +144,10 @@ func TestRenderPolicies(t *testing.T) {
 
 	t.Run("ExternalCluster", func(t *testing.T) {
 		s := clusterSvc("np", model.TCP, "10.96.1.1", 80, "10.0.1.2:8080")
-		s.sp.NodePort = 30080
+		s.Port.NodePort = 30080
 		rd := mustRender(t, r, s)
 		ext := chainsOfKind(rd, kindEXT)
-		svc := r.n.chain(kindSVC, r.n.serviceHash(s.sp.Name))
+		svc := r.n.chain(kindSVC, r.n.serviceHash(s.Port.Name))
 		if len(ext) != 1 || !slices.Equal(ext[0].rules, []string{"-j MARK --or-mark 0x4000", "-g " + svc}) {
 			t.Fatalf("EXT chain %+v", ext)
 		}
@@ -166,11 +167,11 @@ func TestRenderPolicies(t *testing.T) {
 
 	t.Run("ExternalLocal", func(t *testing.T) {
 		s := clusterSvc("local", model.TCP, "10.96.1.2", 80, "10.0.1.2:8080", "10.0.2.2:8080")
-		s.sp.NodePort = 30081
-		s.sp.ExternalPolicy = model.PolicyLocal
-		s.t.External = eps("10.0.2.2:8080")
+		s.Port.NodePort = 30081
+		s.Port.ExternalPolicy = model.PolicyLocal
+		s.Targets.External = eps("10.0.2.2:8080")
 		rd := mustRender(t, r, s)
-		h := r.n.serviceHash(s.sp.Name)
+		h := r.n.serviceHash(s.Port.Name)
 		svc, xlb := r.n.chain(kindSVC, h), r.n.chain(kindXLB, h)
 		ext := chainsOfKind(rd, kindEXT)
 		want := []string{"-s 10.0.0.0/16 -g " + svc, "-m addrtype --src-type LOCAL -j MARK --or-mark 0x4000",
@@ -179,17 +180,17 @@ func TestRenderPolicies(t *testing.T) {
 			t.Fatalf("EXT chain %+v, want %v", ext, want)
 		}
 		x := chainsOfKind(rd, kindXLB)
-		if len(x) != 1 || !slices.Equal(x[0].rules, []string{"-g " + r.n.sep(s.sp.Name, "10.0.2.2:8080")}) {
+		if len(x) != 1 || !slices.Equal(x[0].rules, []string{"-g " + r.n.sep(s.Port.Name, "10.0.2.2:8080")}) {
 			t.Fatalf("XLB chain %+v", x)
 		}
 	})
 
 	t.Run("ExternalLocalWithoutLocalEndpoints", func(t *testing.T) {
 		s := clusterSvc("local", model.TCP, "10.96.1.3", 80, "10.0.2.2:8080")
-		s.sp.NodePort = 30082
-		s.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
-		s.sp.ExternalPolicy = model.PolicyLocal
-		s.t.External = nil
+		s.Port.NodePort = 30082
+		s.Port.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+		s.Port.ExternalPolicy = model.PolicyLocal
+		s.Targets.External = nil
 		rd := mustRender(t, r, s)
 		want := []string{
 			`filter PROXYKIT-EXTERNAL-SERVICES -m comment --comment "default/local/TCP has no local endpoints" -d 203.0.113.9/32 -p tcp -m tcp --dport 80 -j DROP`,
@@ -211,8 +212,8 @@ func TestRenderPolicies(t *testing.T) {
 
 	t.Run("InternalLocalWithoutLocalEndpoints", func(t *testing.T) {
 		s := clusterSvc("itp", model.TCP, "10.96.1.4", 80)
-		s.sp.InternalPolicy = model.PolicyLocal
-		s.t.HasEndpoints = true
+		s.Port.InternalPolicy = model.PolicyLocal
+		s.Targets.HasEndpoints = true
 		rd := mustRender(t, r, s)
 		want := []string{`filter PROXYKIT-SERVICES -m comment --comment "default/itp/TCP has no local endpoints" -d 10.96.1.4/32 -p tcp -m tcp --dport 80 -j DROP`}
 		if got := lines(rd); !slices.Equal(got, want) {
@@ -222,10 +223,10 @@ func TestRenderPolicies(t *testing.T) {
 
 	t.Run("SourceRanges", func(t *testing.T) {
 		s := clusterSvc("lb", model.TCP, "10.96.1.5", 80, "10.0.1.2:8080")
-		s.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
-		s.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25"), netip.MustParsePrefix("2001:db8::/64")}
+		s.Port.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
+		s.Port.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25"), netip.MustParsePrefix("2001:db8::/64")}
 		rd := mustRender(t, r, s)
-		h := r.n.serviceHash(s.sp.Name)
+		h := r.n.serviceHash(s.Port.Name)
 		fw, ext := r.n.chain(kindFW, h), r.n.chain(kindEXT, h)
 		c := chainsOfKind(rd, kindFW)
 		if len(c) != 1 || !slices.Equal(c[0].rules, []string{"-s 192.0.2.0/25 -g " + ext, "-m addrtype --src-type LOCAL -g " + ext}) {
@@ -243,9 +244,9 @@ func TestRenderPolicies(t *testing.T) {
 func TestRenderAffinity(t *testing.T) {
 	r := testRenderer(t, model.IPv4, Config{})
 	s := clusterSvc("sticky", model.TCP, "10.96.2.1", 80, "10.0.1.2:8080", "10.0.2.2:8080")
-	s.sp.SessionAffinity = true
+	s.Port.SessionAffinity = true
 	rd := mustRender(t, r, s)
-	sep1, sep2 := r.n.sep(s.sp.Name, "10.0.1.2:8080"), r.n.sep(s.sp.Name, "10.0.2.2:8080")
+	sep1, sep2 := r.n.sep(s.Port.Name, "10.0.1.2:8080"), r.n.sep(s.Port.Name, "10.0.2.2:8080")
 	svc := chainsOfKind(rd, kindSVC)
 	want := []string{
 		"-m recent --name " + sep1 + " --rcheck --seconds 10800 --reap -g " + sep1,
@@ -261,7 +262,7 @@ func TestRenderAffinity(t *testing.T) {
 			t.Errorf("SEP chain %v", c)
 		}
 	}
-	s.sp = &model.ServicePort{Name: s.sp.Name, ClusterIP: s.sp.ClusterIP, Port: 80, Protocol: model.TCP, SessionAffinity: true, AffinityTimeout: 2e9}
+	s.Port = &model.ServicePort{Name: s.Port.Name, ClusterIP: s.Port.ClusterIP, Port: 80, Protocol: model.TCP, SessionAffinity: true, AffinityTimeout: 2e9}
 	if c := chainsOfKind(mustRender(t, r, s), kindSVC); !strings.Contains(c[0].rules[0], "--seconds 2 --reap") {
 		t.Errorf("timeout 2s: %v", c[0].rules)
 	}
@@ -280,7 +281,7 @@ func TestRenderMasquerade(t *testing.T) {
 		{"two CIDRs", Config{Config: proxier.Config{ClusterCIDRs: two}}, "-j PROXYKIT-MARK-OUTSIDE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s.t.Internal = eps("10.0.1.2:8080", "10.0.2.2:8080")
+			s.Targets.Internal = eps("10.0.1.2:8080", "10.0.2.2:8080")
 			r := testRenderer(t, model.IPv4, tc.cfg)
 			svc := chainsOfKind(mustRender(t, r, s), kindSVC)
 			if !strings.HasPrefix(svc[0].rules[0], tc.first) {
@@ -310,7 +311,7 @@ func TestRenderMasquerade(t *testing.T) {
 func TestRenderIPv6(t *testing.T) {
 	r := testRenderer(t, model.IPv6, Config{})
 	s := clusterSvc("web6", model.SCTP, "fd00:96::1", 7777, "[fd00:1::2]:8082", "10.0.0.1:8082")
-	s.sp.NodePort = 30077
+	s.Port.NodePort = 30077
 	rd := mustRender(t, r, s)
 	got := strings.Join(lines(rd), "\n")
 	for _, want := range []string{
@@ -329,7 +330,7 @@ func TestRenderIPv6(t *testing.T) {
 	if len(tail) != 1 || !strings.Contains(tail[0].rule, "! -d ::1/128 -m addrtype --dst-type LOCAL -j PROXYKIT-NODEPORTS") {
 		t.Errorf("node port jump %v", tail)
 	}
-	if _, err := r.service(s.sp.Name, &model.ServicePort{Name: s.sp.Name, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: model.TCP}, s.t); err == nil {
+	if _, err := r.service(s.Port.Name, &model.ServicePort{Name: s.Port.Name, ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: model.TCP}, s.Targets); err == nil {
 		t.Error("an IPv4 cluster IP was rendered for IPv6")
 	}
 }
@@ -367,7 +368,7 @@ func wantOf(t *testing.T, b *backend, req *proxier.SyncRequest, only map[model.S
 
 func TestPartialInput(t *testing.T) {
 	b := offlineBackend(t, model.IPv4, Config{})
-	svcs := scaleServices(100, 10)
+	svcs := backendtest.ScaleServices(100, 10)
 	empty := clusterSvc("empty", model.TCP, "10.96.200.1", 80)
 	svcs = append(svcs, empty)
 	full := request(model.IPv4, svcs, nil)
@@ -375,24 +376,22 @@ func TestPartialInput(t *testing.T) {
 	fullIn := b.fullSections(b.st.svcs, [numTables][]string{}, 0, [numTables]jumpMode{})[0]
 
 	// One endpoint more for one service, and the empty service gains one.
-	grown := svcs[50]
-	grown.t = &proxier.Targets{HasEndpoints: true, Internal: append(slices.Clone(grown.t.Internal), ep("10.200.0.1:8080"))}
-	grown.t.External = grown.t.Internal
+	grown := svcs[50].WithAdded(backendtest.Endpoint("10.200.0.1:8080"))
 	filled := clusterSvc("empty", model.TCP, "10.96.200.1", 80, "10.200.0.2:8080")
-	filled.sp = empty.sp
+	filled.Port = empty.Port
 	next := slices.Clone(svcs)
 	next[50], next[len(next)-1] = grown, filled
-	req := request(model.IPv4, next, svcNames(grown, filled))
+	req := request(model.IPv4, next, backendtest.Names(grown, filled))
 	in := b.partialInput(wantOf(t, b, req, req.Changed), false)
 	text := string(in.b)
 	if in.lines > 40 || in.lines*20 > fullIn.lines {
 		t.Errorf("partial input of %d lines (full: %d):\n%s", in.lines, fullIn.lines, text)
 	}
-	h := b.r.n.serviceHash(grown.sp.Name)
+	h := b.r.n.serviceHash(grown.Port.Name)
 	for _, want := range []string{
 		"*nat\n-D PROXYKIT-CANARY -j RETURN\n-A PROXYKIT-CANARY -j RETURN\n",
 		":PROXYKIT-SVC-" + h + " - [0:0]",
-		":" + b.r.n.sep(grown.sp.Name, "10.200.0.1:8080") + " - [0:0]",
+		":" + b.r.n.sep(grown.Port.Name, "10.200.0.1:8080") + " - [0:0]",
 		"-A PROXYKIT-SVC-" + h + " -m statistic --mode random --probability 0.0909090909 -g ",
 		`-I PROXYKIT-SERVICES 1 -m comment --comment "default/empty/TCP cluster IP"`,
 		`-D PROXYKIT-SERVICES -m comment --comment "default/empty/TCP has no endpoints"`,
@@ -403,18 +402,18 @@ func TestPartialInput(t *testing.T) {
 	}
 	// Unchanged endpoint chains are not rewritten, other services not
 	// mentioned.
-	if strings.Contains(text, b.r.n.sep(grown.sp.Name, grown.t.Internal[0].Addr.String())) && strings.Count(text, ":"+b.r.n.sep(grown.sp.Name, grown.t.Internal[0].Addr.String())) > 0 {
+	if strings.Contains(text, b.r.n.sep(grown.Port.Name, grown.Targets.Internal[0].Addr.String())) && strings.Count(text, ":"+b.r.n.sep(grown.Port.Name, grown.Targets.Internal[0].Addr.String())) > 0 {
 		t.Errorf("an unchanged endpoint chain is rewritten:\n%s", text)
 	}
-	if strings.Contains(text, "svc-00049") || strings.Contains(text, b.r.n.serviceHash(svcs[49].sp.Name)) {
+	if strings.Contains(text, "svc-00049") || strings.Contains(text, b.r.n.serviceHash(svcs[49].Port.Name)) {
 		t.Errorf("an unchanged service in the partial input:\n%s", text)
 	}
 	// Every line maps back to its writer.
 	for i, l := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		sp, ok := in.lookup(i + 1)
 		switch {
-		case strings.Contains(l, h) || strings.Contains(l, "default/svc-00050"):
-			if !ok || sp.kind != spanService || sp.svc != grown.sp.Name {
+		case strings.Contains(l, h) || strings.Contains(l, "bench/svc-00050"):
+			if !ok || sp.kind != spanService || sp.svc != grown.Port.Name {
 				t.Errorf("line %d %q maps to %+v", i+1, l, sp)
 			}
 		case strings.Contains(l, "CANARY"):
@@ -427,16 +426,16 @@ func TestPartialInput(t *testing.T) {
 	// Deleting a service deletes its rules and chains, after flushing
 	// them.
 	b.commit(wantOf(t, b, req, req.Changed), numTables)
-	del := request(model.IPv4, slices.Delete(slices.Clone(next), 50, 51), svcNames(grown))
+	del := request(model.IPv4, slices.Delete(slices.Clone(next), 50, 51), backendtest.Names(grown))
 	want := wantOf(t, b, del, nil)
 	for tb := range numTables {
-		want[tb][grown.sp.Name] = nil
+		want[tb][grown.Port.Name] = nil
 	}
 	text = string(b.partialInput(want, false).b)
 	flush := strings.Index(text, ":PROXYKIT-SVC-"+h+" - [0:0]")
-	undispatch := strings.Index(text, "-D PROXYKIT-SERVICES -m comment --comment \"default/svc-00050:http/TCP cluster IP\"")
+	undispatch := strings.Index(text, "-D PROXYKIT-SERVICES -m comment --comment \"bench/svc-00050:http/TCP cluster IP\"")
 	remove := strings.Index(text, "-X PROXYKIT-SVC-"+h)
-	if flush < 0 || undispatch < flush || remove < undispatch || strings.Count(text, "\n-X ") != len(b.st.svcs[tNAT][grown.sp.Name].chains) {
+	if flush < 0 || undispatch < flush || remove < undispatch || strings.Count(text, "\n-X ") != len(b.st.svcs[tNAT][grown.Port.Name].chains) {
 		t.Errorf("deletion input:\n%s", text)
 	}
 }
@@ -444,7 +443,7 @@ func TestPartialInput(t *testing.T) {
 func TestFullInput(t *testing.T) {
 	b := offlineBackend(t, model.IPv4, Config{})
 	a := clusterSvc("a", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080")
-	a.sp.NodePort = 30080
+	a.Port.NodePort = 30080
 	z := clusterSvc("z", model.UDP, "10.96.0.2", 53)
 	req := request(model.IPv4, []testSvc{a, z}, nil)
 	in := b.fullSections(wantOf(t, b, req, req.Changed), [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, 0, [numTables]jumpMode{})[0]
@@ -470,11 +469,11 @@ func TestFullInput(t *testing.T) {
 	if !strings.Contains(filter, `default/z/UDP has no endpoints`) {
 		t.Errorf("filter section:\n%s", filter)
 	}
-	sep, h := b.r.n.sep(a.sp.Name, "10.0.1.2:8080"), b.r.n.serviceHash(a.sp.Name)
+	sep, h := b.r.n.sep(a.Port.Name, "10.0.1.2:8080"), b.r.n.serviceHash(a.Port.Name)
 	for i, l := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
 		sp, ok := in.lookup(i + 1)
 		owned := strings.Contains(l, sep) || strings.Contains(l, h) || strings.Contains(l, "default/a/TCP")
-		if owned != (ok && sp.kind == spanService && sp.svc == a.sp.Name) {
+		if owned != (ok && sp.kind == spanService && sp.svc == a.Port.Name) {
 			t.Errorf("line %d %q maps to %+v", i+1, l, sp)
 		}
 	}
@@ -539,7 +538,7 @@ COMMIT
 func TestFullSectionsChunked(t *testing.T) {
 	two := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16"), netip.MustParsePrefix("10.1.0.0/16")}
 	b := offlineBackend(t, model.IPv4, Config{Config: proxier.Config{ClusterCIDRs: two}})
-	svcs := scaleServices(300, 10)
+	svcs := backendtest.ScaleServices(300, 10)
 	req := request(model.IPv4, svcs, nil)
 	want := wantOf(t, b, req, req.Changed)
 	const chunk = 500

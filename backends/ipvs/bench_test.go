@@ -7,30 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
-
-// benchServices returns n ClusterIP TCP services with 10 endpoints each,
-// every tenth with a node port. Endpoint addresses are unique (10.64.0.0/10).
-func benchServices(n int) []svc {
-	out := make([]svc, n)
-	for i := range n {
-		ip := netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)})
-		var e []string
-		for j := range 10 {
-			k := i*10 + j
-			e = append(e, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 64 + byte(k>>16), byte(k >> 8), byte(k)}), 8080).String())
-		}
-		s := clusterSvc(fmt.Sprintf("svc-%05d", i), model.TCP, ip.String(), 80, e...)
-		if i%10 == 0 {
-			s = s.with(func(sp *model.ServicePort) { sp.NodePort = uint16(30000 + i/10%2000) })
-		}
-		out[i] = s
-	}
-	return out
-}
 
 func benchBackend(b *testing.B) *backend {
 	b.Helper()
@@ -51,7 +32,7 @@ func BenchmarkFullSync(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			be := benchBackend(b)
-			req := request(model.IPv4, benchServices(n))
+			req := request(model.IPv4, backendtest.ScaleServices(n, 10))
 			for b.Loop() {
 				b.StopTimer()
 				if err := be.Cleanup(b.Context()); err != nil {
@@ -70,7 +51,7 @@ func BenchmarkFullSync(b *testing.B) {
 // kernel is read and compared, the table replaced.
 func BenchmarkResync(b *testing.B) {
 	be := benchBackend(b)
-	req := request(model.IPv4, benchServices(10000))
+	req := request(model.IPv4, backendtest.ScaleServices(10000, 10))
 	if err := be.Sync(b.Context(), req); err != nil {
 		b.Fatal(err)
 	}
@@ -85,7 +66,7 @@ func BenchmarkResync(b *testing.B) {
 // 10,000 services.
 func BenchmarkIncrementalEndpointChange(b *testing.B) {
 	be := benchBackend(b)
-	svcs := benchServices(10000)
+	svcs := backendtest.ScaleServices(10000, 10)
 	if err := be.Sync(b.Context(), request(model.IPv4, svcs)); err != nil {
 		b.Fatal(err)
 	}
@@ -97,11 +78,11 @@ func BenchmarkIncrementalEndpointChange(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		s := svcs[i%len(svcs)]
-		e := append([]*model.Endpoint{}, s.t.Internal...)
+		e := append([]*model.Endpoint{}, s.Targets.Internal...)
 		e[0] = eps(netip.AddrPortFrom(netip.MustParseAddr("10.127.255.1"), uint16(1000+i%2)).String())[0]
-		svcs[i%len(svcs)] = s.targets(e, e, true)
-		req.Targets[s.sp.Name] = svcs[i%len(svcs)].t
-		req.Changed = map[model.ServicePortName]struct{}{s.sp.Name: {}}
+		svcs[i%len(svcs)] = s.WithTargets(e, e, true)
+		req.Targets[s.Port.Name] = svcs[i%len(svcs)].Targets
+		req.Changed = map[model.ServicePortName]struct{}{s.Port.Name: {}}
 		if err := be.Sync(b.Context(), req); err != nil {
 			b.Fatal(err)
 		}

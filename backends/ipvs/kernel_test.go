@@ -132,9 +132,9 @@ func TestKernelGracefulTermination(t *testing.T) {
 		}
 
 		// The endpoint holding the connection goes away.
-		echo2 := echo.targets(eps(other.String()), eps(other.String()), true)
-		dns2 := dns.targets(eps(e.ep(p21, 8081)), eps(e.ep(p21, 8081)), true)
-		e.sync(b, request(f, []svc{echo2, dns2}, echo.sp.Name, dns.sp.Name))
+		echo2 := echo.WithTargets(eps(other.String()), eps(other.String()), true)
+		dns2 := dns.WithTargets(eps(e.ep(p21, 8081)), eps(e.ep(p21, 8081)), true)
+		e.sync(b, request(f, []svc{echo2, dns2}, echo.Port.Name, dns.Port.Name))
 		ds := e.kernelDests(b, k)
 		if d, ok := ds[victim]; !ok || d.Weight != 0 {
 			t.Errorf("removed TCP real server %s: %+v (present %v), want weight 0 while draining", victim, d, ok)
@@ -157,7 +157,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 			t.Error("draining real server deleted before its deadline while it has a connection")
 		}
 		clock = clock.Add(time.Hour + time.Second)
-		e.sync(b, request(f, []svc{echo2, dns2}, echo.sp.Name))
+		e.sync(b, request(f, []svc{echo2, dns2}, echo.Port.Name))
 		if _, ok := e.kernelDests(b, k)[victim]; ok {
 			t.Error("draining real server not deleted after its deadline")
 		}
@@ -166,7 +166,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 		}
 
 		// Re-adding the endpoint brings it back with weight 1.
-		e.sync(b, request(f, []svc{echo, dns}, echo.sp.Name, dns.sp.Name))
+		e.sync(b, request(f, []svc{echo, dns}, echo.Port.Name, dns.Port.Name))
 		if d := e.kernelDests(b, k)[victim]; d.Weight != 1 {
 			t.Errorf("re-added real server: %+v", d)
 		}
@@ -181,7 +181,7 @@ func TestKernelRestartAdopts(t *testing.T) {
 	families(t, func(t *testing.T, f model.IPFamily) {
 		e := newKernelEnv(t, f)
 		p11, p21, from := e.tn.Node1.Pods[0], e.tn.Node2.Pods[0], e.tn.Node1.Pods[2]
-		web := clusterSvc("web", model.TCP, e.vip(1), 80, e.ep(p11, 8080), e.ep(p21, 8080)).with(func(sp *model.ServicePort) { sp.NodePort = 30080 })
+		web := clusterSvc("web", model.TCP, e.vip(1), 80, e.ep(p11, 8080), e.ep(p21, 8080)).With(func(sp *model.ServicePort) { sp.NodePort = 30080 })
 		old := clusterSvc("old", model.TCP, e.vip(2), 80, e.ep(p11, 8080))
 		a := e.backend(Config{})
 		e.sync(a, request(f, []svc{web, old}))
@@ -370,7 +370,7 @@ func TestKernelServiceScheduler(t *testing.T) {
 	b := e.backend(Config{})
 	base := clusterSvc("web", model.TCP, e.vip(1), 80, e.ep(p11, 8080), e.ep(p21, 8080))
 	for i, c := range []struct{ annotated, want string }{{"sh", "sh"}, {"mh", "mh"}, {"", "rr"}, {"fifo", "rr"}} {
-		s := base.with(func(sp *model.ServicePort) { sp.Scheduler = c.annotated })
+		s := base.With(func(sp *model.ServicePort) { sp.Scheduler = c.annotated })
 		req := request(model.IPv4, []svc{s})
 		req.Full = i == 0
 		e.sync(b, req)

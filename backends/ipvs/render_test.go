@@ -22,7 +22,7 @@ func elemStrings(es []elem) []string {
 
 func TestRenderClusterIP(t *testing.T) {
 	s := clusterSvc("web", model.TCP, "10.96.0.10", 80, "10.244.1.3:8080", "10.244.1.2:8080", "10.244.1.2:8080")
-	o, err := testRenderer(model.IPv4).render(s.sp, s.t)
+	o, err := testRenderer(model.IPv4).render(s.Port, s.Targets)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,13 +51,13 @@ func TestRenderClusterIP(t *testing.T) {
 }
 
 func TestRenderExternalAndNodePorts(t *testing.T) {
-	s := clusterSvc("lb", model.UDP, "10.96.0.11", 53, "10.244.1.2:5353").with(func(sp *model.ServicePort) {
+	s := clusterSvc("lb", model.UDP, "10.96.0.11", 53, "10.244.1.2:5353").With(func(sp *model.ServicePort) {
 		sp.NodePort = 30053
 		sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.5")}
 		sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.9"), netip.MustParseAddr("203.0.113.5")}
 		sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")}
 	})
-	o, err := testRenderer(model.IPv4, "192.0.2.1", "198.51.100.1").render(s.sp, s.t)
+	o, err := testRenderer(model.IPv4, "192.0.2.1", "198.51.100.1").render(s.Port, s.Targets)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,23 +108,23 @@ func addrStrings(as []netip.Addr) []string {
 }
 
 func TestRenderPolicies(t *testing.T) {
-	base := clusterSvc("p", model.TCP, "10.96.0.12", 80).with(func(sp *model.ServicePort) { sp.NodePort = 30080 })
+	base := clusterSvc("p", model.TCP, "10.96.0.12", 80).With(func(sp *model.ServicePort) { sp.NodePort = 30080 })
 	for _, tc := range []struct {
 		name string
 		s    svc
 		want []string
 		not  []string
 	}{
-		{"no endpoints rejects everywhere", base.targets(nil, nil, false),
+		{"no endpoints rejects everywhere", base.WithTargets(nil, nil, false),
 			[]string{"reject 10.96.0.12:80/TCP", "reject 192.0.2.1:30080/TCP"}, []string{"drop"}},
-		{"internal local without local endpoints drops cluster traffic", base.targets(nil, eps("10.244.2.2:80"), true),
+		{"internal local without local endpoints drops cluster traffic", base.WithTargets(nil, eps("10.244.2.2:80"), true),
 			[]string{"drop 10.96.0.12:80/TCP"}, []string{"reject", "drop 192.0.2.1"}},
 		{"external local without local endpoints drops external traffic, unmasqueraded",
-			base.with(func(sp *model.ServicePort) { sp.ExternalPolicy = model.PolicyLocal }).targets(eps("10.244.2.2:80"), nil, true),
+			base.With(func(sp *model.ServicePort) { sp.ExternalPolicy = model.PolicyLocal }).WithTargets(eps("10.244.2.2:80"), nil, true),
 			[]string{"drop 192.0.2.1:30080/TCP"}, []string{"reject", "drop 10.96.0.12", "masq-external"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := testRenderer(model.IPv4, "192.0.2.1").render(tc.s.sp, tc.s.t)
+			o, err := testRenderer(model.IPv4, "192.0.2.1").render(tc.s.Port, tc.s.Targets)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -149,8 +149,8 @@ func TestRenderAffinity(t *testing.T) {
 		timeout time.Duration
 		want    uint32
 	}{{0, 10800}, {1500 * time.Millisecond, 2}, {time.Hour, 3600}} {
-		sp := s.with(func(sp *model.ServicePort) { sp.SessionAffinity, sp.AffinityTimeout = true, tc.timeout })
-		o, err := testRenderer(model.IPv6).render(sp.sp, sp.t)
+		sp := s.With(func(sp *model.ServicePort) { sp.SessionAffinity, sp.AffinityTimeout = true, tc.timeout })
+		o, err := testRenderer(model.IPv6).render(sp.Port, sp.Targets)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func TestRenderAffinity(t *testing.T) {
 			t.Errorf("timeout %v: persistence %ds, want %ds", tc.timeout, got, tc.want)
 		}
 	}
-	o, _ := testRenderer(model.IPv6).render(s.sp, s.t)
+	o, _ := testRenderer(model.IPv6).render(s.Port, s.Targets)
 	if o.VS[0].Timeout != 0 {
 		t.Errorf("no affinity: persistence %ds", o.VS[0].Timeout)
 	}
@@ -166,11 +166,11 @@ func TestRenderAffinity(t *testing.T) {
 
 func TestRenderRejectsBadInput(t *testing.T) {
 	s := clusterSvc("x", model.TCP, "10.96.0.1", 80, "10.244.1.2:80")
-	if _, err := testRenderer(model.IPv6).render(s.sp, s.t); err == nil {
+	if _, err := testRenderer(model.IPv6).render(s.Port, s.Targets); err == nil {
 		t.Error("IPv4 cluster IP rendered for IPv6")
 	}
-	bad := s.with(func(sp *model.ServicePort) { sp.Protocol = "ICMP" })
-	if _, err := testRenderer(model.IPv4).render(bad.sp, bad.t); err == nil {
+	bad := s.With(func(sp *model.ServicePort) { sp.Protocol = "ICMP" })
+	if _, err := testRenderer(model.IPv4).render(bad.Port, bad.Targets); err == nil {
 		t.Error("invalid protocol rendered")
 	}
 }
@@ -195,11 +195,11 @@ func TestSchedulerValidation(t *testing.T) {
 
 func TestServiceScheduler(t *testing.T) {
 	for _, c := range []struct{ annotated, want string }{{"", "rr"}, {"rr", "rr"}, {"sh", "sh"}, {"mh", "mh"}, {"fifo", "rr"}} {
-		s := clusterSvc("web", model.TCP, "10.96.0.1", 80).with(func(sp *model.ServicePort) {
+		s := clusterSvc("web", model.TCP, "10.96.0.1", 80).With(func(sp *model.ServicePort) {
 			sp.Scheduler = c.annotated
 			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.10")}
 		})
-		o, err := testRenderer(model.IPv4).render(s.sp, s.t)
+		o, err := testRenderer(model.IPv4).render(s.Port, s.Targets)
 		if err != nil {
 			t.Fatal(err)
 		}

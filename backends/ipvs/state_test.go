@@ -52,8 +52,8 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	st, _ := plan(t, nil, request(model.IPv4, []svc{a, b}))
 
 	// An endpoint added to a: one update, one hairpin element.
-	a2 := a.targets(eps("10.244.1.2:8080", "10.244.2.2:8080"), eps("10.244.1.2:8080", "10.244.2.2:8080"), true)
-	st2, c := plan(t, st, request(model.IPv4, []svc{a2, b}, a.sp.Name))
+	a2 := a.WithTargets(eps("10.244.1.2:8080", "10.244.2.2:8080"), eps("10.244.1.2:8080", "10.244.2.2:8080"), true)
+	st2, c := plan(t, st, request(model.IPv4, []svc{a2, b}, a.Port.Name))
 	if got, want := summary(c), "update 10.96.0.1:80/TCP\n+hairpin 10.244.2.2 . 10.244.2.2"; got != want {
 		t.Errorf("change:\n%s\nwant:\n%s", got, want)
 	}
@@ -65,7 +65,7 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	}
 
 	// b deleted: its virtual server, address and elements go.
-	st3, c := plan(t, st2, request(model.IPv4, []svc{a2}, b.sp.Name))
+	st3, c := plan(t, st2, request(model.IPv4, []svc{a2}, b.Port.Name))
 	want := "del 10.96.0.2:80/TCP\nunbind 10.96.0.2\n-cluster 10.96.0.2:80/TCP\n-hairpin 10.244.1.3 . 10.244.1.3\n-service-addrs 10.96.0.2\n-virtual 10.96.0.2:80/TCP"
 	if got := summary(c); got != want {
 		t.Errorf("change:\n%s\nwant:\n%s", got, want)
@@ -75,7 +75,7 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	}
 
 	// Nothing changed: nothing to do.
-	_, c = plan(t, st3, request(model.IPv4, []svc{a2}, a.sp.Name))
+	_, c = plan(t, st3, request(model.IPv4, []svc{a2}, a.Port.Name))
 	if !c.empty() {
 		t.Errorf("unchanged service produced:\n%s", summary(c))
 	}
@@ -89,7 +89,7 @@ func TestSharedElementsAreCounted(t *testing.T) {
 	if st.addrs[netip.MustParseAddr("10.96.0.1")] != 2 {
 		t.Fatalf("address count %d", st.addrs[netip.MustParseAddr("10.96.0.1")])
 	}
-	_, c := plan(t, st, request(model.IPv4, []svc{a}, u.sp.Name))
+	_, c := plan(t, st, request(model.IPv4, []svc{a}, u.Port.Name))
 	if got := summary(c); strings.Contains(got, "unbind") || strings.Contains(got, "hairpin") || strings.Contains(got, "service-addrs") {
 		t.Errorf("removing one port released shared objects:\n%s", got)
 	}
@@ -100,14 +100,14 @@ func TestVirtualServerMovesBetweenPorts(t *testing.T) {
 	st, _ := plan(t, nil, request(model.IPv4, []svc{a}))
 	// a is deleted and b takes its address and port in the same sync.
 	b := clusterSvc("b", model.TCP, "10.96.0.1", 80, "10.244.1.3:8080")
-	st2, c := plan(t, st, request(model.IPv4, []svc{b}, a.sp.Name, b.sp.Name))
+	st2, c := plan(t, st, request(model.IPv4, []svc{b}, a.Port.Name, b.Port.Name))
 	if len(c.objErrs) > 0 {
 		t.Fatalf("errors: %v", c.objErrs)
 	}
 	if got := summary(c); !strings.HasPrefix(got, "update 10.96.0.1:80/TCP") || strings.Contains(got, "del ") || strings.Contains(got, "bind") {
 		t.Errorf("change:\n%s", got)
 	}
-	if st2.owner[vsKey{netip.MustParseAddr("10.96.0.1"), model.TCP, 80}] != b.sp.Name {
+	if st2.owner[vsKey{netip.MustParseAddr("10.96.0.1"), model.TCP, 80}] != b.Port.Name {
 		t.Error("owner not moved")
 	}
 }
@@ -116,20 +116,20 @@ func TestConflictReported(t *testing.T) {
 	a := clusterSvc("a", model.TCP, "10.96.0.1", 80, "10.244.1.2:8080")
 	b := clusterSvc("b", model.TCP, "10.96.0.1", 80, "10.244.1.3:8080")
 	st, c := plan(t, nil, request(model.IPv4, []svc{a, b}))
-	if err := c.objErrs[b.sp.Name]; err == nil || !strings.Contains(err.Error(), "default/a") {
+	if err := c.objErrs[b.Port.Name]; err == nil || !strings.Contains(err.Error(), "default/a") {
 		t.Errorf("conflict error: %v", err)
 	}
 	if len(st.services) != 1 {
 		t.Errorf("%d services programmed", len(st.services))
 	}
 	var oe *proxier.ObjectError
-	if err := joinObjectErrors(c.objErrs); !errors.As(err, &oe) || oe.Service != b.sp.Name {
+	if err := joinObjectErrors(c.objErrs); !errors.As(err, &oe) || oe.Service != b.Port.Name {
 		t.Errorf("joined: %v", err)
 	}
 }
 
 func TestNodeAddressChangeReplansNodePorts(t *testing.T) {
-	np := clusterSvc("np", model.TCP, "10.96.0.1", 80, "10.244.1.2:8080").with(func(sp *model.ServicePort) { sp.NodePort = 30080 })
+	np := clusterSvc("np", model.TCP, "10.96.0.1", 80, "10.244.1.2:8080").With(func(sp *model.ServicePort) { sp.NodePort = 30080 })
 	other := clusterSvc("other", model.TCP, "10.96.0.2", 80, "10.244.1.2:8080")
 	st, _ := plan(t, nil, request(model.IPv4, []svc{np, other}), "192.0.2.1")
 	// Nothing changed but the node got an address.

@@ -14,14 +14,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/bench/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -36,26 +32,6 @@ import (
 // Layouts: "proxykit" is this backend; "kube-proxy" is kube-proxy's
 // nftables layout (kubeproxy_test.go) loaded with `nft -f`, as kube-proxy
 // does, at the same scale in the same run.
-
-// scaleServices returns n ClusterIP service ports with eps endpoints
-// each; every tenth also has a node port.
-func scaleServices(n, eps int) []testSvc {
-	out := make([]testSvc, 0, n)
-	for i := range n {
-		ip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
-		var e []*model.Endpoint
-		for j := range eps {
-			k := i*eps + j
-			e = append(e, &model.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(64 + k>>16), byte(k >> 8), byte(k)}), 8080), Ready: true, Serving: true})
-		}
-		sp := &model.ServicePort{Name: spName(fmt.Sprintf("svc-%05d", i), "http", model.TCP), ClusterIP: ip, Port: 80, Protocol: model.TCP}
-		if i%10 == 0 {
-			sp.NodePort = uint16(30000 + i/10%2000)
-		}
-		out = append(out, testSvc{sp: sp, t: &proxier.Targets{Internal: e, External: e, HasEndpoints: true}})
-	}
-	return out
-}
 
 // durations collects per-operation times and reports their median and
 // 99th percentile.
@@ -85,7 +61,7 @@ func BenchmarkFullSync(b *testing.B) {
 			b.Run(fmt.Sprintf("%dx%d", sc[0], sc[1]), func(b *testing.B) {
 				ns := newNS(b)
 				be := newTestBackend(b, ns, model.IPv4, Config{})
-				req := request(model.IPv4, scaleServices(sc[0], sc[1]), nil)
+				req := request(model.IPv4, backendtest.ScaleServices(sc[0], sc[1]), nil)
 				var kernel, render time.Duration
 				b.ResetTimer()
 				for range b.N {
@@ -111,7 +87,7 @@ func BenchmarkFullSync(b *testing.B) {
 		// (5,000 x 50 is 255,000 chains); 1,000 x 50 shows the trend.
 		for _, sc := range [][2]int{{1000, 10}, {10000, 10}, {1000, 50}} {
 			b.Run(fmt.Sprintf("%dx%d", sc[0], sc[1]), func(b *testing.B) {
-				script := kubeProxyRuleset(scaleServices(sc[0], sc[1]))
+				script := kubeProxyRuleset(backendtest.ScaleServices(sc[0], sc[1]))
 				b.ResetTimer()
 				for range b.N {
 					b.StopTimer()
@@ -165,7 +141,7 @@ func BenchmarkOneEndpointAdd(b *testing.B) {
 		testnet.RequireCommand(b, "nft")
 		for _, n := range []int{100, 1000, 10000} {
 			b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-				svcs := scaleServices(n, 10)
+				svcs := backendtest.ScaleServices(n, 10)
 				ns := newNS(b)
 				nftFile(b, ns, kubeProxyRuleset(svcs))
 				s := svcs[n/2]
@@ -197,14 +173,11 @@ type addBench struct {
 func newAddBench(b *testing.B, n int) *addBench {
 	ns := newNS(b)
 	be := newTestBackend(b, ns, model.IPv4, Config{})
-	svcs := scaleServices(n, 10)
+	svcs := backendtest.ScaleServices(n, 10)
 	mustSync(b, be, request(model.IPv4, svcs, nil))
 	base := svcs[n/2]
-	grown := testSvc{sp: base.sp, t: &proxier.Targets{HasEndpoints: true,
-		Internal: append(append([]*model.Endpoint{}, base.t.Internal...), ep("10.200.0.1:8080"))}}
-	grown.t.External = grown.t.Internal
-	changed := names(base)
-	svcs[n/2] = grown
+	changed := backendtest.Names(base)
+	svcs[n/2] = base.WithAdded(backendtest.Endpoint("10.200.0.1:8080"))
 	a := &addBench{be: be, grownReq: request(model.IPv4, svcs, changed)}
 	svcs[n/2] = base
 	a.baseReq = request(model.IPv4, svcs, changed)
@@ -287,7 +260,7 @@ func BenchmarkMemory(b *testing.B) {
 			resetPeak(b)
 			ns := newNS(b)
 			be := newTestBackend(b, ns, model.IPv4, Config{})
-			req := request(model.IPv4, scaleServices(n, eps), nil)
+			req := request(model.IPv4, backendtest.ScaleServices(n, eps), nil)
 			mustSync(b, be, req)
 			// A later full resync, as every SyncPeriod.
 			mustSync(b, be, req)
@@ -299,7 +272,7 @@ func BenchmarkMemory(b *testing.B) {
 		for range b.N {
 			resetPeak(b)
 			ns := newNS(b)
-			svcs, slices := scaleObjects(n, eps)
+			svcs, slices := scale.Objects(scale.Services(n, eps))
 			p, err := New(Config{Config: proxier.Config{NetNS: ns.path, NodeName: "node1",
 				Families: []model.IPFamily{model.IPv4}, NoServiceHealthChecks: true}})
 			if err != nil {
@@ -334,51 +307,6 @@ func BenchmarkMemory(b *testing.B) {
 	})
 }
 
-// scaleObjects returns the Kubernetes objects of scaleServices(n, eps).
-func scaleObjects(n, eps int) ([]*v1.Service, []*discoveryv1.EndpointSlice) {
-	var svcs []*v1.Service
-	var slices []*discoveryv1.EndpointSlice
-	ready := true
-	node := "node1"
-	for i, s := range scaleServices(n, eps) {
-		name := s.sp.Name.Name
-		svc := &v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + strconv.Itoa(i))},
-			Spec: v1.ServiceSpec{
-				Type:            v1.ServiceTypeClusterIP,
-				ClusterIP:       s.sp.ClusterIP.String(),
-				ClusterIPs:      []string{s.sp.ClusterIP.String()},
-				IPFamilies:      []v1.IPFamily{v1.IPv4Protocol},
-				Ports:           []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}},
-				SessionAffinity: v1.ServiceAffinityNone,
-			},
-		}
-		if s.sp.NodePort != 0 {
-			svc.Spec.Type = v1.ServiceTypeNodePort
-			svc.Spec.Ports[0].NodePort = int32(s.sp.NodePort)
-		}
-		svcs = append(svcs, svc)
-		port := int32(8080)
-		pname := "http"
-		proto := v1.ProtocolTCP
-		sl := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name + "-abcde",
-				Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
-		}
-		for _, e := range s.t.Internal {
-			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
-				Addresses:  []string{e.Addr.Addr().String()},
-				Conditions: discoveryv1.EndpointConditions{Ready: &ready},
-				NodeName:   &node,
-			})
-		}
-		slices = append(slices, sl)
-	}
-	return svcs, slices
-}
-
 // BenchmarkConnectClusterIP times TCP connection setup through a cluster
 // IP, from a pod to pods of the same node, with 10 and with 10,000
 // service ports programmed: one connection per iteration, timed with
@@ -402,21 +330,14 @@ func BenchmarkConnectClusterIP(b *testing.B) {
 	})
 	p1, p2 := tn.Pod("node1-pod1"), tn.Pod("node1-pod2")
 	from := tn.Pod("node1-pod3")
-	target := testSvc{
-		sp: &model.ServicePort{Name: spName("target", "http", model.TCP), ClusterIP: netip.MustParseAddr("10.96.255.254"), Port: 80, Protocol: model.TCP},
-		t: &proxier.Targets{HasEndpoints: true, Internal: []*model.Endpoint{
-			{Addr: netip.AddrPortFrom(p1.IPv4, testnet.ServerPorts[0]), Ready: true, Serving: true},
-			{Addr: netip.AddrPortFrom(p2.IPv4, testnet.ServerPorts[0]), Ready: true, Serving: true},
-		}},
-	}
-	target.t.External = target.t.Internal
-	dst := netip.AddrPortFrom(target.sp.ClusterIP, target.sp.Port)
+	target := backendtest.FromScale(scale.Target("node1", p1.IPv4, p2.IPv4))
+	dst := netip.AddrPortFrom(target.Port.ClusterIP, target.Port.Port)
 	programmed := 0
 	program := func(b *testing.B, n int) {
 		if programmed == n {
 			return
 		}
-		svcs := append(scaleServices(n-1, 10), target)
+		svcs := append(backendtest.ScaleServices(n-1, 10), target)
 		mustSync(b, be, request(model.IPv4, svcs, nil))
 		programmed = n
 		// The sync's garbage must not be collected while connections

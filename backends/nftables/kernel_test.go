@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -82,8 +83,8 @@ func TestKernel(t *testing.T) {
 	t.Run("LocalWithoutLocalEndpointsDrops", func(t *testing.T) {
 		b := newTestBackend(t, topo.node, model.IPv4, Config{})
 		s := clusterSvc("local", model.TCP, "10.96.0.12", 80)
-		s.sp.InternalPolicy = model.PolicyLocal
-		s.t.HasEndpoints = true
+		s.Port.InternalPolicy = model.PolicyLocal
+		s.Targets.HasEndpoints = true
 		mustSync(t, b, request(model.IPv4, []testSvc{s}, nil))
 		if _, err := askTCP(topo.pod1, ap("10.96.0.12:80"), shortWait); !isTimeout(err) {
 			t.Fatalf("got %v, want a timeout (drop)", err)
@@ -100,19 +101,19 @@ func TestKernel(t *testing.T) {
 			t.Fatalf("one endpoint: %v", n)
 		}
 		s2 := clusterSvc("spread", model.TCP, "10.96.0.13", 80, pod1v4, pod2v4)
-		mustSync(t, b, request(model.IPv4, []testSvc{s2, other}, names(s2)))
+		mustSync(t, b, request(model.IPv4, []testSvc{s2, other}, backendtest.Names(s2)))
 		n := countPods(t, topo.node, ap("10.96.0.13:80"), 100)
 		if n["pod1"] < 25 || n["pod2"] < 25 {
 			t.Fatalf("two endpoints, 100 connections: %v", n)
 		}
 		// Remove the first endpoint: everything goes to pod2.
 		s3 := clusterSvc("spread", model.TCP, "10.96.0.13", 80, pod2v4)
-		mustSync(t, b, request(model.IPv4, []testSvc{s3, other}, names(s3)))
+		mustSync(t, b, request(model.IPv4, []testSvc{s3, other}, backendtest.Names(s3)))
 		if n := countPods(t, topo.node, ap("10.96.0.13:80"), 10); n["pod2"] != 10 {
 			t.Fatalf("after removal: %v", n)
 		}
 		// Delete the service: its cluster IP is rejected, the other works.
-		mustSync(t, b, request(model.IPv4, []testSvc{other}, names(s3)))
+		mustSync(t, b, request(model.IPv4, []testSvc{other}, backendtest.Names(s3)))
 		if _, err := askTCP(topo.node, ap("10.96.0.13:80"), shortWait); err == nil {
 			t.Fatal("deleted service still answers")
 		}
@@ -125,22 +126,22 @@ func TestKernel(t *testing.T) {
 	t.Run("NodePortExternalIPLoadBalancer", func(t *testing.T) {
 		b := newTestBackend(t, topo.node, model.IPv4, Config{})
 		cluster := clusterSvc("np", model.TCP, "10.96.1.1", 80, pod1v4)
-		cluster.sp.NodePort = 30080
-		cluster.sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.20")}
+		cluster.Port.NodePort = 30080
+		cluster.Port.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.20")}
 		local := clusterSvc("np-local", model.TCP, "10.96.1.2", 80, pod1v4, pod2v4)
-		local.sp.NodePort = 30081
-		local.sp.ExternalPolicy = model.PolicyLocal
-		local.t.External = eps(pod2v4)
+		local.Port.NodePort = 30081
+		local.Port.ExternalPolicy = model.PolicyLocal
+		local.Targets.External = eps(pod2v4)
 		lb := clusterSvc("lb", model.TCP, "10.96.1.3", 80, pod1v4)
-		lb.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
-		lb.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25")}
+		lb.Port.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.10")}
+		lb.Port.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25")}
 		lbDeny := clusterSvc("lb-deny", model.TCP, "10.96.1.4", 80, pod1v4)
-		lbDeny.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.11")}
-		lbDeny.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+		lbDeny.Port.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.11")}
+		lbDeny.Port.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
 		localNone := clusterSvc("np-local-none", model.TCP, "10.96.1.5", 80, pod1v4)
-		localNone.sp.NodePort = 30082
-		localNone.sp.ExternalPolicy = model.PolicyLocal
-		localNone.t.External = nil
+		localNone.Port.NodePort = 30082
+		localNone.Port.ExternalPolicy = model.PolicyLocal
+		localNone.Targets.External = nil
 		mustSync(t, b, request(model.IPv4, []testSvc{cluster, local, lb, lbDeny, localNone}, nil))
 
 		// Policy Cluster: masqueraded to the node's address.
@@ -204,8 +205,8 @@ func TestKernel(t *testing.T) {
 	t.Run("Affinity", func(t *testing.T) {
 		b := newTestBackend(t, topo.node, model.IPv4, Config{})
 		s := clusterSvc("sticky", model.TCP, "10.96.3.1", 80, pod1v4, pod2v4)
-		s.sp.SessionAffinity = true
-		s.sp.AffinityTimeout = 2 * time.Second
+		s.Port.SessionAffinity = true
+		s.Port.AffinityTimeout = 2 * time.Second
 		mustSync(t, b, request(model.IPv4, []testSvc{s}, nil))
 		n := countPods(t, topo.node, ap("10.96.3.1:80"), 20)
 		if len(n) != 1 {
@@ -226,18 +227,18 @@ func TestKernel(t *testing.T) {
 			rest = pod1v4
 		}
 		s2 := clusterSvc("sticky", model.TCP, "10.96.3.1", 80, rest)
-		s2.sp = s.sp
-		mustSync(t, b, request(model.IPv4, []testSvc{s2}, names(s2)))
+		s2.Port = s.Port
+		mustSync(t, b, request(model.IPv4, []testSvc{s2}, backendtest.Names(s2)))
 		n = countPods(t, topo.node, ap("10.96.3.1:80"), 3)
 		if n[first] != 0 {
 			t.Fatalf("after its endpoint left: %v", n)
 		}
-		mustSync(t, b, request(model.IPv4, []testSvc{s}, names(s)))
+		mustSync(t, b, request(model.IPv4, []testSvc{s}, backendtest.Names(s)))
 		if n := countPods(t, topo.node, ap("10.96.3.1:80"), 10); n[first] != 0 {
 			t.Fatalf("with the endpoint back: %v, want the client to stay", n)
 		}
 		// The record expires after the timeout.
-		shard, _ := groupOf(b.st.services[s.sp.Name].id, 0)
+		shard, _ := groupOf(b.st.services[s.Port.Name].id, 0)
 		if out, err := topo.node.nft("list", "set", "ip", "proxykit", affinitySet(shard)); err != nil || !strings.Contains(out, "expires") {
 			t.Fatalf("no affinity record: %v\n%s", err, out)
 		}
@@ -257,11 +258,11 @@ func TestKernel(t *testing.T) {
 	t.Run("IPv6", func(t *testing.T) {
 		b := newTestBackend(t, topo.node, model.IPv6, Config{})
 		s := clusterSvc("web6", model.TCP, "fd00:96::10", 80, "[fd00:1::2]:8080", "[fd00:2::2]:8080")
-		s.sp.NodePort = 30090
+		s.Port.NodePort = 30090
 		u := clusterSvc("dns6", model.UDP, "fd00:96::10", 53, "[fd00:2::2]:5353")
 		e := clusterSvc("empty6", model.TCP, "fd00:96::11", 80)
 		sticky := clusterSvc("sticky6", model.TCP, "fd00:96::12", 80, "[fd00:1::2]:8080", "[fd00:2::2]:8080")
-		sticky.sp.SessionAffinity = true
+		sticky.Port.SessionAffinity = true
 		mustSync(t, b, request(model.IPv6, []testSvc{s, u, e, sticky}, nil))
 		if n := countPods(t, topo.pod1, ap("[fd00:96::10]:80"), 40); n["pod1"] < 5 || n["pod2"] < 5 {
 			t.Fatalf("IPv6 spread: %v", n)
@@ -341,21 +342,21 @@ func TestKernel(t *testing.T) {
 			ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}}})
 		b6 := newTestBackend(t, topo.node, model.IPv6, Config{})
 		sticky := clusterSvc("sticky", model.TCP, "10.96.7.1", 80, pod1v4, pod2v4)
-		sticky.sp.SessionAffinity = true
-		sticky.sp.NodePort = 30071
+		sticky.Port.SessionAffinity = true
+		sticky.Port.NodePort = 30071
 		local := clusterSvc("local", model.TCP, "10.96.7.2", 80, pod1v4, pod2v4)
-		local.sp.NodePort = 30072
-		local.sp.ExternalPolicy = model.PolicyLocal
-		local.t.External = eps(pod2v4)
+		local.Port.NodePort = 30072
+		local.Port.ExternalPolicy = model.PolicyLocal
+		local.Targets.External = eps(pod2v4)
 		lb := clusterSvc("lb", model.UDP, "10.96.7.3", 53, pod1u4)
-		lb.sp.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.70")}
-		lb.sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+		lb.Port.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("203.0.113.70")}
+		lb.Port.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 		empty := clusterSvc("empty", model.TCP, "10.96.7.4", 80)
 		mustSync(t, b4, request(model.IPv4, []testSvc{sticky, local, lb, empty}, nil))
 		sticky6 := clusterSvc("sticky6", model.TCP, "fd00:96::71", 80, "[fd00:1::2]:8080", "[fd00:2::2]:8080")
-		sticky6.sp.SessionAffinity = true
+		sticky6.Port.SessionAffinity = true
 		plain6 := clusterSvc("plain6", model.TCP, "fd00:96::72", 80, "[fd00:1::2]:8080")
-		plain6.sp.NodePort = 30073
+		plain6.Port.NodePort = 30073
 		mustSync(t, b6, request(model.IPv6, []testSvc{sticky6, plain6}, nil))
 		// Traffic, so that affinity sets hold records.
 		if n := countPods(t, topo.pod2, ap("10.96.7.1:80"), 3); len(n) != 1 {

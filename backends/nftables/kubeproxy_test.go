@@ -12,16 +12,16 @@ import (
 )
 
 // This file generates the ruleset kube-proxy's nftables mode would write
-// for the services of scaleServices, so that benchmarks can load it with
-// `nft -f` next to this backend's figures. It follows kube-proxy's layout
-// (pkg/proxy/nftables, Kubernetes 1.31+): one table, a service-ips verdict
-// map dispatching to a chain per service port, whose last rule is an
-// anonymous `numgen random mod N vmap { i : goto endpoint-… }`, and a
-// chain per endpoint doing the DNAT; node ports go through an external-…
-// chain. Health checks, firewall, no-endpoint and cluster-IP reject rules
-// are left out (they add sets, not per-service work), so the figures
-// flatter kube-proxy's layout slightly. The commands are what knftables
-// sends: add table/chain/rule/element.
+// for the services of backendtest.ScaleServices, so that benchmarks can
+// load it with `nft -f` next to this backend's figures. It follows
+// kube-proxy's layout (pkg/proxy/nftables, Kubernetes 1.31+): one table,
+// a service-ips verdict map dispatching to a chain per service port,
+// whose last rule is an anonymous `numgen random mod N vmap { i : goto
+// endpoint-… }`, and a chain per endpoint doing the DNAT; node ports go
+// through an external-… chain. Health checks, firewall, no-endpoint and
+// cluster-IP reject rules are left out (they add sets, not per-service
+// work), so the figures flatter kube-proxy's layout slightly. The
+// commands are what knftables sends: add table/chain/rule/element.
 
 const kpTable = "kube-proxy"
 
@@ -41,7 +41,7 @@ func kpName(prefix, suffix string) string {
 }
 
 func kpSvcSuffix(s testSvc) string {
-	return "ns/" + s.sp.Name.Name + "/tcp/" + s.sp.Name.Port
+	return "ns/" + s.Port.Name.Name + "/tcp/" + s.Port.Name.Port
 }
 
 func kpEndpointChain(s testSvc, ep string) string {
@@ -51,7 +51,7 @@ func kpEndpointChain(s testSvc, ep string) string {
 // kpServiceRules writes the rules of a service port's chain.
 func kpServiceRules(w *strings.Builder, s testSvc, eps []string) {
 	svc := kpName("service", kpSvcSuffix(s))
-	fmt.Fprintf(w, "add rule ip %s %s ip daddr %s tcp dport %d ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n", kpTable, svc, s.sp.ClusterIP, s.sp.Port)
+	fmt.Fprintf(w, "add rule ip %s %s ip daddr %s tcp dport %d ip saddr != 10.0.0.0/8 jump mark-for-masquerade\n", kpTable, svc, s.Port.ClusterIP, s.Port.Port)
 	var vm []string
 	for i, ep := range eps {
 		vm = append(vm, fmt.Sprintf("%d : goto %s", i, kpEndpointChain(s, ep)))
@@ -70,7 +70,7 @@ func kpEndpoint(w *strings.Builder, s testSvc, ep string) {
 
 func kpEndpoints(s testSvc) []string {
 	var out []string
-	for _, e := range s.t.Internal {
+	for _, e := range s.Targets.Internal {
 		out = append(out, e.Addr.String())
 	}
 	return out
@@ -107,14 +107,14 @@ func kubeProxyRuleset(svcs []testSvc) string {
 		svc := kpName("service", kpSvcSuffix(s))
 		fmt.Fprintf(&w, "add chain ip %s %s\n", t, svc)
 		kpServiceRules(&w, s, eps)
-		fmt.Fprintf(&w, "add element ip %s cluster-ips { %s }\n", t, s.sp.ClusterIP)
-		fmt.Fprintf(&w, "add element ip %s service-ips { %s . tcp . %d : goto %s }\n", t, s.sp.ClusterIP, s.sp.Port, svc)
-		if s.sp.NodePort != 0 {
+		fmt.Fprintf(&w, "add element ip %s cluster-ips { %s }\n", t, s.Port.ClusterIP)
+		fmt.Fprintf(&w, "add element ip %s service-ips { %s . tcp . %d : goto %s }\n", t, s.Port.ClusterIP, s.Port.Port, svc)
+		if s.Port.NodePort != 0 {
 			ext := kpName("external", kpSvcSuffix(s))
 			fmt.Fprintf(&w, "add chain ip %s %s\n", t, ext)
 			fmt.Fprintf(&w, "add rule ip %s %s jump mark-for-masquerade\n", t, ext)
 			fmt.Fprintf(&w, "add rule ip %s %s goto %s\n", t, ext, svc)
-			fmt.Fprintf(&w, "add element ip %s service-nodeports { tcp . %d : goto %s }\n", t, s.sp.NodePort, ext)
+			fmt.Fprintf(&w, "add element ip %s service-nodeports { tcp . %d : goto %s }\n", t, s.Port.NodePort, ext)
 		}
 	}
 	return w.String()

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -59,7 +60,7 @@ func chainNamesOf(o *svcObjs) []string {
 func TestRenderClusterIP(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080")
-	o, err := r.service(s.sp.Name, s.sp, s.t, 7, nil, testAIDs(), noneTaken)
+	o, err := r.service(s.Port.Name, s.Port, s.Targets, 7, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestRenderClusterIP(t *testing.T) {
 	// With its prefix taken (an IPv6 hash collision), it gets a chain of
 	// its own, whose rule does not change with the endpoints either.
 	taken := func(string, []byte) bool { return true }
-	o, err = r.service(s.sp.Name, s.sp, s.t, 7, nil, testAIDs(), taken)
+	o, err = r.service(s.Port.Name, s.Port, s.Targets, 7, nil, testAIDs(), taken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func TestRenderClusterIP(t *testing.T) {
 		t.Fatalf("chains %v", got)
 	}
 	s3 := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")
-	o3, err := r.service(s3.sp.Name, s3.sp, s3.t, 7, o, testAIDs(), taken)
+	o3, err := r.service(s3.Port.Name, s3.Port, s3.Targets, 7, o, testAIDs(), taken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,9 +151,9 @@ func TestJhashMatchesKernel(t *testing.T) {
 func TestRenderNoEndpoints(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("empty", model.UDP, "10.96.0.2", 53)
-	s.sp.NodePort = 30053
-	s.sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
-	o, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken)
+	s.Port.NodePort = 30053
+	s.Port.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
+	o, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +176,10 @@ func TestRenderPolicies(t *testing.T) {
 	// Internal Local without local endpoints, external Cluster: cluster IP
 	// dropped, node port balanced with masquerade from the shared chain.
 	s := clusterSvc("mixed", model.TCP, "10.96.0.3", 80)
-	s.sp.NodePort = 30080
-	s.sp.InternalPolicy = model.PolicyLocal
-	s.t = &proxier.Targets{HasEndpoints: true, External: eps("10.0.1.2:8080")}
-	o, err := r.service(s.sp.Name, s.sp, s.t, 2, nil, testAIDs(), noneTaken)
+	s.Port.NodePort = 30080
+	s.Port.InternalPolicy = model.PolicyLocal
+	s.Targets = &proxier.Targets{HasEndpoints: true, External: eps("10.0.1.2:8080")}
+	o, err := r.service(s.Port.Name, s.Port, s.Targets, 2, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,10 +199,10 @@ func TestRenderPolicies(t *testing.T) {
 
 	// External Local without local endpoints: node port dropped.
 	s = clusterSvc("local", model.TCP, "10.96.0.4", 80, "10.0.2.2:8080")
-	s.sp.NodePort = 30081
-	s.sp.ExternalPolicy = model.PolicyLocal
-	s.t.External = nil
-	o, err = r.service(s.sp.Name, s.sp, s.t, 3, nil, testAIDs(), noneTaken)
+	s.Port.NodePort = 30081
+	s.Port.ExternalPolicy = model.PolicyLocal
+	s.Targets.External = nil
+	o, err = r.service(s.Port.Name, s.Port, s.Targets, 3, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,10 +217,10 @@ func TestRenderPolicies(t *testing.T) {
 	// pods and the node to the cluster endpoints (the cluster IP's range
 	// set), others to the local one.
 	s = clusterSvc("local2", model.TCP, "10.96.0.5", 80, "10.0.1.2:8080", "10.0.2.2:8080")
-	s.sp.NodePort = 30082
-	s.sp.ExternalPolicy = model.PolicyLocal
-	s.t.External = eps("10.0.2.2:8080")
-	o, err = r.service(s.sp.Name, s.sp, s.t, 4, nil, testAIDs(), noneTaken)
+	s.Port.NodePort = 30082
+	s.Port.ExternalPolicy = model.PolicyLocal
+	s.Targets.External = eps("10.0.2.2:8080")
+	o, err = r.service(s.Port.Name, s.Port, s.Targets, 4, nil, testAIDs(), noneTaken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,15 +251,15 @@ func TestRenderPolicies(t *testing.T) {
 func TestRenderRejectsBadInput(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("v6", model.TCP, "fd00::1", 80, "10.0.1.2:80")
-	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken); err == nil {
+	if _, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken); err == nil {
 		t.Error("IPv6 cluster IP in an IPv4 backend accepted")
 	}
 	s = clusterSvc("bad", "ICMP", "10.96.0.1", 80)
-	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken); err == nil {
+	if _, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken); err == nil {
 		t.Error("bad protocol accepted")
 	}
 	s = clusterSvc(strings.Repeat("x", 300), model.TCP, "10.96.0.1", 80)
-	if _, err := r.service(s.sp.Name, s.sp, s.t, 1, nil, testAIDs(), noneTaken); err == nil {
+	if _, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken); err == nil {
 		t.Error("over-long name accepted")
 	}
 }
@@ -331,7 +332,7 @@ func messages(tx *batch) []string {
 
 func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	b := offlineBackend(t)
-	svcs := scaleServices(50, 3)
+	svcs := backendtest.ScaleServices(50, 3)
 	st, errs := b.buildFull(request(model.IPv4, svcs, nil), true, nil)
 	if len(errs) > 0 {
 		t.Fatal(errs)
@@ -340,16 +341,14 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 
 	// One endpoint added to one service.
 	changed := svcs[7]
-	grown := testSvc{sp: changed.sp, t: &proxier.Targets{HasEndpoints: true,
-		Internal: append(append([]*model.Endpoint{}, changed.t.Internal...), ep("10.200.0.1:8080"))}}
-	grown.t.External = grown.t.Internal
+	grown := changed.WithAdded(backendtest.Endpoint("10.200.0.1:8080"))
 	svcs[7] = grown
-	d, tx, errs, err := b.buildIncremental(request(model.IPv4, svcs, names(grown)), map[model.ServicePortName]error{})
+	d, tx, errs, err := b.buildIncremental(request(model.IPv4, svcs, backendtest.Names(grown)), map[model.ServicePortName]error{})
 	if err != nil || len(errs) > 0 {
 		t.Fatal(err, errs)
 	}
 	msgs := messages(tx)
-	name := changed.sp.Name.String()
+	name := changed.Port.Name.String()
 	for _, m := range msgs {
 		if !strings.HasPrefix(m, name+": ") && !strings.Contains(m, setHairpin) {
 			t.Errorf("message for something else: %q", m)
@@ -358,7 +357,7 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	// No rule changes: the group's ranges are replaced (one more
 	// endpoint moves every boundary but the first) and one hairpin
 	// element is added. Nothing else.
-	shard, _ := groupOf(st.services[changed.sp.Name].id, 0)
+	shard, _ := groupOf(st.services[changed.Port.Name].id, 0)
 	want := []string{
 		name + ": delete elements from " + endpointsMap(shard),
 		name + ": add elements to " + endpointsMap(shard),
@@ -371,7 +370,7 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 
 	// Deleting a service removes its dispatch element and its ranges.
 	svcs = slices.Delete(svcs, 7, 8)
-	_, tx, _, err = b.buildIncremental(request(model.IPv4, svcs, names(grown)), map[model.ServicePortName]error{})
+	_, tx, _, err = b.buildIncremental(request(model.IPv4, svcs, backendtest.Names(grown)), map[model.ServicePortName]error{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,18 +386,18 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 func TestChainDeletedAfterDispatch(t *testing.T) {
 	b := offlineBackend(t)
 	s := clusterSvc("sticky", model.TCP, "10.96.0.1", 80, "10.0.1.2:80")
-	s.sp.SessionAffinity = true
+	s.Port.SessionAffinity = true
 	st, errs := b.buildFull(request(model.IPv4, []testSvc{s}, nil), true, nil)
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
 	b.st = st
-	_, tx, _, err := b.buildIncremental(request(model.IPv4, nil, names(s)), map[model.ServicePortName]error{})
+	_, tx, _, err := b.buildIncremental(request(model.IPv4, nil, backendtest.Names(s)), map[model.ServicePortName]error{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	msgs := messages(tx)
-	name := s.sp.Name.String()
+	name := s.Port.Name.String()
 	iDel := slices.Index(msgs, name+": delete chain svc-default/sticky/tcp")
 	iElem := slices.Index(msgs, name+": delete elements from "+setServiceIPs)
 	if iDel < 0 || iElem < 0 || iElem > iDel {
@@ -411,12 +410,12 @@ func TestConflictingAddressesReported(t *testing.T) {
 	a := clusterSvc("a", model.TCP, "10.96.0.1", 80, "10.0.1.2:80")
 	dup := clusterSvc("b", model.TCP, "10.96.0.1", 80, "10.0.1.3:80")
 	st, errs := b.buildFull(request(model.IPv4, []testSvc{a, dup}, nil), true, nil)
-	if len(st.services) != 1 || errs[dup.sp.Name] == nil {
+	if len(st.services) != 1 || errs[dup.Port.Name] == nil {
 		t.Fatalf("services %d, errors %v: want b reported", len(st.services), errs)
 	}
 	err := joinObjectErrors(errs)
 	var oe *proxier.ObjectError
-	if !errorsAs(err, &oe) || oe.Service != dup.sp.Name {
+	if !errorsAs(err, &oe) || oe.Service != dup.Port.Name {
 		t.Fatalf("error %v is not an ObjectError for b", err)
 	}
 }
