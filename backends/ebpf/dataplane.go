@@ -281,24 +281,25 @@ func (d *dataplane) load() error {
 	} else if err := vs.Set(uint32(d.cfg.MaglevTableSize)); err != nil {
 		return err
 	}
-	// The Maglev maps are preallocated, and can be large: a family that
-	// is not configured gets one entry. With random selection they
-	// exist too, for the service ports whose Scheduler asks for Maglev
-	// (MaxMaglevTables then defaults to a small size). (Sized by the
-	// configuration, not by the backends created, so that two
-	// NewBackend calls with one Config and PinPath agree.)
-	tables := func(f model.IPFamily) int {
+	// The per-family maps are preallocated, and can be large: those of
+	// a family that is not configured get one entry. The Maglev maps
+	// exist with random selection too, for the service ports whose
+	// Scheduler asks for Maglev (MaxMaglevTables then defaults to a
+	// small size). (Sized by the configuration, not by the backends
+	// created, so that two NewBackend calls with one Config and PinPath
+	// agree.)
+	per := func(f model.IPFamily, n int) int {
 		if slices.Contains(d.cfg.Families, f) {
-			return d.cfg.MaxMaglevTables
+			return n
 		}
 		return 1
 	}
 	sizes := map[string]int{
-		mapSvc4: d.cfg.MaxServices, mapSvc6: d.cfg.MaxServices,
-		mapBe4: d.cfg.MaxBackends, mapBe6: d.cfg.MaxBackends,
-		mapAff4: d.cfg.MaxAffinity, mapAff6: d.cfg.MaxAffinity,
-		mapRev:  d.cfg.MaxSockets,
-		mapMag4: tables(model.IPv4), mapMag6: tables(model.IPv6),
+		mapSvc4: per(model.IPv4, d.cfg.MaxServices), mapSvc6: per(model.IPv6, d.cfg.MaxServices),
+		mapBe4: per(model.IPv4, d.cfg.MaxBackends), mapBe6: per(model.IPv6, d.cfg.MaxBackends),
+		mapAff4: per(model.IPv4, d.cfg.MaxAffinity), mapAff6: per(model.IPv6, d.cfg.MaxAffinity),
+		mapMag4: per(model.IPv4, d.cfg.MaxMaglevTables), mapMag6: per(model.IPv6, d.cfg.MaxMaglevTables),
+		mapRev: d.cfg.MaxSockets,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)
