@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/bench/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -21,27 +23,10 @@ import (
 // The backends run with SocketOnly (the maps alone: the composed
 // nftables table costs what backends/nftables's benchmarks say), with
 // random and with Maglev selection (sub-benchmarks random/ and
-// maglev/; default table size 1021).
-
-// scaleServices returns n IPv4 ClusterIP service ports with eps
-// endpoints each; every tenth also has a node port.
-func scaleServices(n, eps int) []testSvc {
-	out := make([]testSvc, 0, n)
-	for i := range n {
-		ip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
-		var e []*model.Endpoint
-		for j := range eps {
-			k := i*eps + j
-			e = append(e, &model.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(64 + k>>16), byte(k >> 8), byte(k)}), 8080), Ready: true, Serving: true})
-		}
-		sp := &model.ServicePort{Name: spName(fmt.Sprintf("svc-%05d", i), model.TCP), ClusterIP: ip, Port: 80, Protocol: model.TCP}
-		if i%10 == 0 && i < 20000 {
-			sp.NodePort = uint16(30000 + i/10)
-		}
-		out = append(out, testSvc{sp: sp, t: &proxier.Targets{Internal: e, External: e, HasEndpoints: true}})
-	}
-	return out
-}
+// maglev/; default table size 1021). The services are those of the
+// scale benchmarks (backendtest.ScaleServices: the bench tool's
+// scale.Services), TCP, 10 endpoints each, every tenth with a node port
+// while the node port range lasts (2,768 at 30,000 services).
 
 // selections are the endpoint selections the benchmarks run with.
 var selections = []Selection{SelectionRandom, SelectionMaglev}
@@ -91,7 +76,7 @@ func BenchmarkFullSync(b *testing.B) {
 	cg := emptyCgroup(b)
 	for _, sel := range selections {
 		for _, n := range []int{1000, 10000} {
-			req := request(model.IPv4, scaleServices(n, 10), nil)
+			req := request(model.IPv4, backendtest.ScaleServices(n, 10), nil)
 			b.Run(fmt.Sprintf("%s/first/services=%d", sel, n), func(b *testing.B) {
 				var cpu time.Duration
 				for b.Loop() {
@@ -145,15 +130,15 @@ func BenchmarkEndpointChange(b *testing.B) {
 		n := c.n
 		b.Run(fmt.Sprintf("%s/services=%d", c.sel, n), func(b *testing.B) {
 			be := benchBackend(b, tn.Node1.Path(), cg, c.sel)
-			svcs := scaleServices(n, 10)
+			svcs := backendtest.ScaleServices(n, 10)
 			mustSync(b, be, request(model.IPv4, svcs, nil))
 			base := svcs[n/2]
-			changed := []model.ServicePortName{base.sp.Name}
+			changed := backendtest.Names(base)
 			var reqs [2]*proxier.SyncRequest
 			for i := range reqs {
-				e := append([]*model.Endpoint{}, base.t.Internal[1:]...)
-				e = append(e, &model.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 200, 0, byte(i + 1)}), 8080), Ready: true, Serving: true})
-				svcs[n/2] = testSvc{sp: base.sp, t: &proxier.Targets{Internal: e, External: e, HasEndpoints: true}}
+				// The first endpoint replaced by 10.200.0.1+i.
+				e := slices.Concat(base.Targets.Internal[1:], eps(netip.AddrPortFrom(scale.ReplacementEndpoint(i), scale.TargetPort)))
+				svcs[n/2] = base.WithTargets(e, e, true)
 				reqs[i] = request(model.IPv4, svcs, changed)
 			}
 			i := 0
@@ -166,30 +151,32 @@ func BenchmarkEndpointChange(b *testing.B) {
 }
 
 // BenchmarkConnect: connect() of a UDP socket (no packet is sent) to a
-// cluster IP, translated by connect4, with 10 and 30,000 services in the
-// maps; "none" connects to an address that is no service. The test
-// process moves into the cgroup for it. With Maglev selection the
-// socket is unbound: the table is indexed by its cookie.
+// cluster IP (connectDst), translated by connect4, with 10 and 30,000
+// services in the maps; "none" connects to an address that is no
+// service. The test process moves into the cgroup for it. With Maglev
+// selection the socket is unbound: the table is indexed by its cookie.
+// Each size's backend is set up (and closed) in its own sub-benchmark,
+// so a -bench pattern that leaves a size out does not sync it.
 func BenchmarkConnect(b *testing.B) {
 	testnet.RequireRoot(b)
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := newCgroup(b)
 	for _, sel := range selections {
 		for _, n := range []int{10, 30000} {
-			benchConnect(b, tn, cg, sel, n)
+			b.Run(fmt.Sprintf("%s/services=%d", sel, n), func(b *testing.B) { benchConnect(b, tn, cg, sel, n) })
 		}
 	}
 }
 
 func benchConnect(b *testing.B, tn *testnet.Topology, cg string, sel Selection, n int) {
 	be := benchBackend(b, tn.Node1.Path(), cg, sel)
-	mustSync(b, be, request(model.IPv4, scaleServices(n, 10), nil))
-	defer closeBench(b, be)
+	svcs := backendtest.ScaleServices(n, 10)
+	mustSync(b, be, request(model.IPv4, svcs, nil))
 	for _, c := range []struct {
 		name string
 		dst  [4]byte
-	}{{"service", [4]byte{10, 96, 0, 5}}, {"none", [4]byte{10, 97, 0, 5}}} {
-		b.Run(fmt.Sprintf("%s/services=%d/%s", sel, n, c.name), func(b *testing.B) {
+	}{{"service", connectDst(svcs).As4()}, {"none", [4]byte{10, 97, 0, 5}}} {
+		b.Run(c.name, func(b *testing.B) {
 			err := tn.Node1.Do(func() error {
 				for b.Loop() {
 					fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -221,9 +208,9 @@ func BenchmarkConnectScale(b *testing.B) {
 	testnet.RequireRoot(b)
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := newCgroup(b)
-	svcs := scaleServices(30000, 10)
+	svcs := backendtest.ScaleServices(30000, 10)
 	reqs := [2]*proxier.SyncRequest{request(model.IPv4, svcs[:10], nil), request(model.IPv4, svcs, nil)}
-	dst := &unix.SockaddrInet4{Addr: [4]byte{10, 96, 0, 5}, Port: 80}
+	dst := &unix.SockaddrInet4{Addr: connectDst(svcs).As4(), Port: 80}
 	const block = 1000
 	for _, sel := range selections {
 		b.Run(sel.String(), func(b *testing.B) {
@@ -275,6 +262,11 @@ func BenchmarkConnectScale(b *testing.B) {
 		})
 	}
 }
+
+// connectDst returns the cluster IP the connect benchmarks dial: that
+// of the sixth of svcs (10.96.0.15), among the first ten so that it is
+// a service at every size.
+func connectDst(svcs []testSvc) netip.Addr { return svcs[5].Port.ClusterIP }
 
 func median(xs []float64) float64 {
 	s := slices.Sorted(slices.Values(xs))

@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/cgroup2"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -16,53 +17,15 @@ import (
 )
 
 // testSvc is a service port with its targets.
-type testSvc struct {
-	sp *model.ServicePort
-	t  *proxier.Targets
-}
+type testSvc = backendtest.Svc
 
-func spName(name string, p model.Protocol) model.ServicePortName {
-	return model.ServicePortName{ServiceName: model.ServiceName{Namespace: "default", Name: name}, Protocol: p}
-}
-
-func eps(ss ...netip.AddrPort) []*model.Endpoint {
-	var out []*model.Endpoint
-	for _, s := range ss {
-		out = append(out, &model.Endpoint{Addr: s, Ready: true, Serving: true})
-	}
-	return out
-}
-
-// svc is a cluster IP service port balancing to endpoints (none: no
-// endpoints at all).
-func svc(name string, p model.Protocol, ip netip.Addr, port uint16, endpoints ...netip.AddrPort) testSvc {
-	sp := &model.ServicePort{Name: spName(name, p), ClusterIP: ip, Port: port, Protocol: p}
-	e := eps(endpoints...)
-	return testSvc{sp: sp, t: &proxier.Targets{Internal: e, External: e, HasEndpoints: len(e) > 0}}
-}
-
-// request builds a sync request of family f holding svcs. changed names
-// the changed service ports of an incremental request; Full is set when
-// changed is nil.
-func request(f model.IPFamily, svcs []testSvc, changed []model.ServicePortName) *proxier.SyncRequest {
-	st := &model.State{Family: f, Services: map[model.ServicePortName]*model.ServicePort{}, Endpoints: map[model.ServicePortName][]*model.Endpoint{}}
-	req := &proxier.SyncRequest{State: st, Targets: map[model.ServicePortName]*proxier.Targets{}, Changed: map[model.ServicePortName]struct{}{}}
-	for _, s := range svcs {
-		st.Services[s.sp.Name] = s.sp
-		st.Endpoints[s.sp.Name] = s.t.Internal
-		req.Targets[s.sp.Name] = s.t
-	}
-	if changed == nil {
-		req.Full = true
-		for _, s := range svcs {
-			req.Changed[s.sp.Name] = struct{}{}
-		}
-	}
-	for _, n := range changed {
-		req.Changed[n] = struct{}{}
-	}
-	return req
-}
+// Short names for the builders the tests use most: svc is a cluster IP
+// service port balancing to endpoints (none: no endpoints at all).
+var (
+	svc     = backendtest.ClusterSvcAt
+	eps     = backendtest.EndpointsAt
+	request = backendtest.Request
+)
 
 func mustSync(tb testing.TB, b proxier.Backend, req *proxier.SyncRequest) {
 	tb.Helper()

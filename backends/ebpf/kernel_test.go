@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -298,7 +299,7 @@ func TestNoEndpoints(t *testing.T) {
 		x := newFixture(t, f, nil)
 		v, w := vip(f, 20), vip(f, 21)
 		local := svc("local", model.TCP, w, 80)
-		local.t.HasEndpoints = true // endpoints exist, none here
+		local.Targets.HasEndpoints = true // endpoints exist, none here
 		x.sync([]testSvc{svc("empty", model.TCP, v, 80), svc("empty-udp", model.UDP, v, 53), local})
 		for _, from := range []*testnet.Host{x.node, x.pod3} {
 			for _, c := range []struct {
@@ -341,7 +342,7 @@ func TestUDPConnectPassthrough(t *testing.T) {
 		t.Fatalf("connect: %v", err)
 	}
 	defer s.Close()
-	x.sync([]testSvc{svc("dns", model.UDP, v, 53, x.ep(x.p11, 8081))}, spName("dns", model.UDP))
+	x.sync([]testSvc{svc("dns", model.UDP, v, 53, x.ep(x.p11, 8081))}, backendtest.PortName("dns", "", model.UDP))
 	if r := s.Query(2 * time.Second); r.Outcome != testnet.Answered || r.Server != x.p11.Name {
 		t.Errorf("socket connected before the endpoint existed: %v; want an answer from %s", r, x.p11.Name)
 	}
@@ -354,7 +355,7 @@ func TestNodePortFromLocalSockets(t *testing.T) {
 	forFamilies(t, func(t *testing.T, f model.IPFamily) {
 		x := newFixture(t, f, nil)
 		s := svc("np", model.TCP, vip(f, 30), 80, x.ep(x.p11, 8080), x.ep(x.p21, 8080))
-		s.sp.NodePort = 30080
+		s.Port.NodePort = 30080
 		x.sync([]testSvc{s})
 		for _, from := range []*testnet.Host{x.node, x.pod3} {
 			for _, a := range []netip.Addr{x.tn.Node1.IP(f), x.tn.Node1.ExternalIP(f)} {
@@ -374,7 +375,7 @@ func TestSessionAffinity(t *testing.T) {
 	x := newFixture(t, model.IPv4, nil)
 	v := vip(model.IPv4, 40)
 	s := svc("sticky", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080))
-	s.sp.SessionAffinity, s.sp.AffinityTimeout = true, time.Second
+	s.Port.SessionAffinity, s.Port.AffinityTimeout = true, time.Second
 	x.sync([]testSvc{s})
 	first := map[string]string{}
 	for _, from := range []*testnet.Host{x.node, x.pod3} {
@@ -397,8 +398,8 @@ func TestSessionAffinity(t *testing.T) {
 	if !moved {
 		t.Errorf("node stayed on %s across 10 pauses longer than the 1s affinity timeout", first[x.node.Name])
 	}
-	s.sp = &model.ServicePort{Name: s.sp.Name, ClusterIP: v, Port: 80, Protocol: model.TCP}
-	x.sync([]testSvc{s}, s.sp.Name)
+	s.Port = &model.ServicePort{Name: s.Port.Name, ClusterIP: v, Port: 80, Protocol: model.TCP}
+	x.sync([]testSvc{s}, s.Port.Name)
 	x.reaches(x.pod3, "tcp", ap(v, 80), 8080, 30, x.p11, x.p12, x.p21)
 }
 
@@ -409,10 +410,10 @@ func TestAffinitySurvivesCompaction(t *testing.T) {
 	v := vip(model.IPv4, 41)
 	all := []netip.AddrPort{x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080)}
 	s := svc("sticky", model.TCP, v, 80, all...)
-	s.sp.SessionAffinity, s.sp.AffinityTimeout = true, time.Hour
+	s.Port.SessionAffinity, s.Port.AffinityTimeout = true, time.Hour
 	x.sync([]testSvc{s})
 	// Find a client pinned to the endpoint of the last slot.
-	g := x.b.st.svcs[s.sp.Name].groups[0]
+	g := x.b.st.svcs[s.Port.Name].groups[0]
 	last := g.eps[len(g.eps)-1]
 	var pinnedHost *testnet.Host
 	for _, h := range []*testnet.Host{x.node, x.pod3} {
@@ -426,9 +427,9 @@ func TestAffinitySurvivesCompaction(t *testing.T) {
 	}
 	// Remove the first slot's endpoint: the last moves into slot 0.
 	s2 := svc("sticky", model.TCP, v, 80, slices.DeleteFunc(slices.Clone(all), func(a netip.AddrPort) bool { return a == g.eps[0] })...)
-	s2.sp = s.sp
-	x.sync([]testSvc{s2}, s.sp.Name)
-	if ng := x.b.st.svcs[s.sp.Name].groups[0]; ng.eps[0] != last {
+	s2.Port = s.Port
+	x.sync([]testSvc{s2}, s.Port.Name)
+	if ng := x.b.st.svcs[s.Port.Name].groups[0]; ng.eps[0] != last {
 		t.Fatalf("slot 0 holds %s, want the moved %s", ng.eps[0], last)
 	}
 	got := x.answers(pinnedHost, "tcp", ap(v, 80), 8080, 10, x.p11, x.p12, x.p21)
@@ -455,13 +456,13 @@ func TestEndpointRemoval(t *testing.T) {
 	x.sync([]testSvc{s})
 	x.reaches(x.pod3, "tcp", ap(v, 80), 8080, 30, x.p11, x.p12, x.p21)
 	s = svc("shrink", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p21, 8080))
-	x.sync([]testSvc{s}, s.sp.Name)
+	x.sync([]testSvc{s}, s.Port.Name)
 	x.reaches(x.pod3, "tcp", ap(v, 80), 8080, 30, x.p11, x.p21)
 	have, err := x.b.codec.readBe(x.b.beMap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := x.b.st.svcs[s.sp.Name].groups[0].id
+	id := x.b.st.svcs[s.Port.Name].groups[0].id
 	var slots []uint32
 	for k := range have {
 		if k.ID == id {
@@ -473,7 +474,7 @@ func TestEndpointRemoval(t *testing.T) {
 		t.Errorf("slots of the group after a removal: %v, want [0 1]", slots)
 	}
 	// The service goes away: its frontend and slots too.
-	x.sync(nil, s.sp.Name)
+	x.sync(nil, s.Port.Name)
 	if r := x.pod3.TCP(ap(v, 80), time.Second); r.Outcome == testnet.Answered {
 		t.Errorf("deleted service answered: %v", r)
 	}
@@ -527,7 +528,7 @@ func TestUDPSocketDestroyed(t *testing.T) {
 			socks = append(socks, s)
 		}
 		a = svc("dns", model.UDP, v, 53, x.ep(x.p21, 8081))
-		x.sync([]testSvc{a, keep}, a.sp.Name)
+		x.sync([]testSvc{a, keep}, a.Port.Name)
 		if r := socks[0].Query(time.Second); r.Outcome == testnet.Answered || r.Err == nil {
 			t.Errorf("socket of the removed endpoint: %v; want it destroyed (an error)", r)
 		} else {
@@ -551,7 +552,7 @@ func TestRestartAdoptsPinnedState(t *testing.T) {
 	v := vip(model.IPv4, 70)
 	echo := svc("echo", model.TCP, v, 90, x.ep(x.p11, testnet.EchoPort))
 	web := svc("web", model.TCP, v, 80, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080))
-	web.sp.SessionAffinity, web.sp.AffinityTimeout = true, time.Hour
+	web.Port.SessionAffinity, web.Port.AffinityTimeout = true, time.Hour
 	svcs := []testSvc{echo, web}
 	x.sync(svcs)
 	c, err := x.pod3.DialTCP(ap(v, 90), 2*time.Second)
@@ -719,8 +720,8 @@ func TestMapFull(t *testing.T) {
 	err := x.b.Sync(t.Context(), request(model.IPv4, []testSvc{small, big}, nil))
 	var oe *proxier.ObjectError
 	var full *MapFullError
-	if !errors.As(err, &oe) || oe.Service != big.sp.Name || !errors.As(err, &full) || full.Map != mapBe4 {
-		t.Fatalf("sync: %v; want an ObjectError for %s naming %s", err, big.sp.Name, mapBe4)
+	if !errors.As(err, &oe) || oe.Service != big.Port.Name || !errors.As(err, &full) || full.Map != mapBe4 {
+		t.Fatalf("sync: %v; want an ObjectError for %s naming %s", err, big.Port.Name, mapBe4)
 	}
 	t.Log(err)
 	x.answers(x.pod3, "tcp", ap(v, 80), 8080, 3, x.p11)

@@ -198,7 +198,7 @@ func TestMaglevSelection(t *testing.T) {
 
 		// p12 leaves: the last slot's endpoint (p21) moves into its slot.
 		udp2 := svc("dns", model.UDP, v, 53, x.ep(x.p11, 8081), x.ep(x.p21, 8081))
-		x.sync([]testSvc{tcp, udp2}, udp2.sp.Name)
+		x.sync([]testSvc{tcp, udp2}, udp2.Port.Name)
 		x.checkRows()
 		second := x.clientMap("udp", ap(v, 53), ports)
 		moved := 0
@@ -215,7 +215,7 @@ func TestMaglevSelection(t *testing.T) {
 			t.Errorf("%d clients of the remaining endpoints moved when another endpoint left; want (nearly) none", moved)
 		}
 		// p12 comes back (now in the last slot): the first mapping again.
-		x.sync([]testSvc{tcp, udp}, udp.sp.Name)
+		x.sync([]testSvc{tcp, udp}, udp.Port.Name)
 		x.checkRows()
 		if third := x.clientMap("udp", ap(v, 53), ports); !maps.Equal(third, first) {
 			t.Errorf("after the endpoint came back, clients landed on %v; want the first mapping %v", countServers(third), countServers(first))
@@ -224,14 +224,14 @@ func TestMaglevSelection(t *testing.T) {
 		// Session affinity keeps its own path: one endpoint per client
 		// namespace, whatever the socket.
 		sticky := svc("sticky", model.TCP, v, 81, x.ep(x.p11, 8080), x.ep(x.p12, 8080), x.ep(x.p21, 8080))
-		sticky.sp.SessionAffinity, sticky.sp.AffinityTimeout = true, time.Hour
-		x.sync([]testSvc{tcp, udp, sticky}, sticky.sp.Name)
+		sticky.Port.SessionAffinity, sticky.Port.AffinityTimeout = true, time.Hour
+		x.sync([]testSvc{tcp, udp, sticky}, sticky.Port.Name)
 		if got := x.answers(x.pod3, "tcp", ap(v, 81), 8080, 15, all...); len(got) != 1 {
 			t.Errorf("session affinity with Maglev selection reached %v; want one endpoint", got)
 		}
 
 		// The service goes: its rows too.
-		x.sync([]testSvc{udp, sticky}, tcp.sp.Name)
+		x.sync([]testSvc{udp, sticky}, tcp.Port.Name)
 		x.checkRows()
 	})
 }
@@ -281,7 +281,7 @@ func TestMaglevFullSyncRepairs(t *testing.T) {
 		svc("b", model.TCP, v, 81, x.ep(x.p21, 8080)),
 	}
 	x.sync(svcs)
-	id := x.b.st.svcs[svcs[0].sp.Name].groups[0].id
+	id := x.b.st.svcs[svcs[0].Port.Name].groups[0].id
 	bad := make([]byte, 4*x.b.cfg.MaglevTableSize)
 	for i := range bad {
 		bad[i] = 7
@@ -437,9 +437,7 @@ func (x *fixture) netnsCount() int {
 // withScheduler returns s with its Scheduler set to v (a copy: s is
 // left as it is).
 func withScheduler(s testSvc, v string) testSvc {
-	sp := *s.sp
-	sp.Scheduler = v
-	return testSvc{sp: &sp, t: s.t}
+	return s.With(func(sp *model.ServicePort) { sp.Scheduler = v })
 }
 
 // recordingFixture is newFixture (Maglev selection when maglev is set)
@@ -485,7 +483,7 @@ func (x *fixture) kernelFlagged(s testSvc) (flagged, total int) {
 	if err != nil {
 		x.t.Fatal(err)
 	}
-	for _, e := range x.b.st.svcs[s.sp.Name].fes {
+	for _, e := range x.b.st.svcs[s.Port.Name].fes {
 		v, ok := have[e.key]
 		if !ok {
 			continue
@@ -506,11 +504,11 @@ func (x *fixture) kernelFlagged(s testSvc) (flagged, total int) {
 func (x *fixture) wantMaglev(s testSvc, proto string, d netip.AddrPort, firstPort uint16) {
 	x.t.Helper()
 	if flagged, total := x.kernelFlagged(s); total == 0 || flagged != total {
-		x.t.Errorf("%s: %d of %d frontends flagged for Maglev in the kernel, want all", s.sp.Name, flagged, total)
+		x.t.Errorf("%s: %d of %d frontends flagged for Maglev in the kernel, want all", s.Port.Name, flagged, total)
 	}
-	g := x.b.st.svcs[s.sp.Name].groups[0]
+	g := x.b.st.svcs[s.Port.Name].groups[0]
 	if !g.maglev {
-		x.t.Fatalf("%s: the group picks at random", s.sp.Name)
+		x.t.Fatalf("%s: the group picks at random", s.Port.Name)
 	}
 	m := x.b.cfg.MaglevTableSize
 	table := maglevTable(g.eps, m, nil)
@@ -522,17 +520,17 @@ func (x *fixture) wantMaglev(s testSvc, proto string, d netip.AddrPort, firstPor
 		ep := g.eps[table[x.clientHash(p)%uint64(m)]]
 		i := slices.IndexFunc(pods, func(pod *testnet.Pod) bool { return pod.IP(x.f) == ep.Addr() })
 		if i < 0 {
-			x.t.Fatalf("%s: endpoint %s is no pod's", s.sp.Name, ep)
+			x.t.Fatalf("%s: endpoint %s is no pod's", s.Port.Name, ep)
 		}
 		if got[p] != pods[i].Name {
 			wrong++
 		}
 	}
 	if wrong > 0 {
-		x.t.Errorf("%s: %d of %d client ports reached another endpoint than the Maglev table's (%v)", s.sp.Name, wrong, len(ports), countServers(got))
+		x.t.Errorf("%s: %d of %d client ports reached another endpoint than the Maglev table's (%v)", s.Port.Name, wrong, len(ports), countServers(got))
 	}
 	if n := countServers(got); len(n) < 2 {
-		x.t.Errorf("%s: 30 client ports reached %v; want them spread", s.sp.Name, n)
+		x.t.Errorf("%s: 30 client ports reached %v; want them spread", s.Port.Name, n)
 	}
 }
 
@@ -542,7 +540,7 @@ func (x *fixture) wantMaglev(s testSvc, proto string, d netip.AddrPort, firstPor
 func (x *fixture) wantRandom(s testSvc, proto string, d netip.AddrPort, port uint16) {
 	x.t.Helper()
 	if flagged, total := x.kernelFlagged(s); total == 0 || flagged != 0 {
-		x.t.Errorf("%s: %d of %d frontends flagged for Maglev in the kernel, want none", s.sp.Name, flagged, total)
+		x.t.Errorf("%s: %d of %d frontends flagged for Maglev in the kernel, want none", s.Port.Name, flagged, total)
 	}
 	got := map[string]int{}
 	for range 12 {
@@ -553,7 +551,7 @@ func (x *fixture) wantRandom(s testSvc, proto string, d netip.AddrPort, port uin
 		got[srv]++
 	}
 	if len(got) < 2 {
-		x.t.Errorf("%s: 12 connections from pod3:%d reached %v; want a random spread", s.sp.Name, port, got)
+		x.t.Errorf("%s: 12 connections from pod3:%d reached %v; want a random spread", s.Port.Name, port, got)
 	}
 }
 
@@ -590,7 +588,7 @@ func TestMaglevPerService(t *testing.T) {
 			}
 		}
 		warnings(1)
-		if w := rec.schedulerWarnings()[0]; w["service"] != typo.sp.Name.String() || w["scheduler"] != "wrr" ||
+		if w := rec.schedulerWarnings()[0]; w["service"] != typo.Port.Name.String() || w["scheduler"] != "wrr" ||
 			w["using"] != "random" || w["accepted"] != schedulers {
 			t.Errorf("warning %v; want the service, the value, the selection used and the accepted values", w)
 		}
@@ -598,7 +596,7 @@ func TestMaglevPerService(t *testing.T) {
 		// Live switch at the next incremental sync: plain to Maglev,
 		// hashed to random. Rows follow: one for plain, none for hashed.
 		plain2, hashed2 := withScheduler(plain, "maglev"), withScheduler(hashed, "random")
-		x.sync([]testSvc{hashed2, plain2, web, typo}, plain.sp.Name, hashed.sp.Name)
+		x.sync([]testSvc{hashed2, plain2, web, typo}, plain.Port.Name, hashed.Port.Name)
 		x.checkRows()
 		x.wantMaglev(plain2, "udp", ap(v, 54), 43300)
 		x.wantRandom(hashed2, "udp", ap(v, 53), 43400)
@@ -609,18 +607,18 @@ func TestMaglevPerService(t *testing.T) {
 		// a known one, Maglev; unknown again, one more.
 		svcs := []testSvc{hashed2, plain2, web, typo}
 		x.sync(svcs)
-		x.sync(svcs, typo.sp.Name)
+		x.sync(svcs, typo.Port.Name)
 		warnings(1)
 		typo2 := withScheduler(typo, "least-conn")
-		x.sync([]testSvc{hashed2, plain2, web, typo2}, typo.sp.Name)
+		x.sync([]testSvc{hashed2, plain2, web, typo2}, typo.Port.Name)
 		x.sync([]testSvc{hashed2, plain2, web, typo2})
 		warnings(2)
 		x.wantRandom(typo2, "udp", ap(v, 55), 43401)
 		typo3 := withScheduler(typo, "mh")
-		x.sync([]testSvc{hashed2, plain2, web, typo3}, typo.sp.Name)
+		x.sync([]testSvc{hashed2, plain2, web, typo3}, typo.Port.Name)
 		x.checkRows()
 		x.wantMaglev(typo3, "udp", ap(v, 55), 43500)
-		x.sync([]testSvc{hashed2, plain2, web, typo2}, typo.sp.Name)
+		x.sync([]testSvc{hashed2, plain2, web, typo2}, typo.Port.Name)
 		warnings(3)
 		x.checkRows()
 		x.wantRandom(typo2, "udp", ap(v, 55), 43402)
@@ -650,7 +648,7 @@ func TestMaglevPerServiceOptOut(t *testing.T) {
 			t.Errorf("warnings about unknown schedulers: %v; want one for least_conn", w)
 		}
 		back := withScheduler(out, "")
-		x.sync([]testSvc{def, back, odd}, out.sp.Name)
+		x.sync([]testSvc{def, back, odd}, out.Port.Name)
 		x.checkRows()
 		x.wantMaglev(back, "udp", ap(v, 54), 44300)
 	})

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -195,9 +196,9 @@ func TestPlanTables(t *testing.T) {
 	b := &backend{cfg: Config{Selection: SelectionMaglev, MaglevTableSize: 7, MaxMaglevTables: 2}.WithDefaults(), rows: newRowWriter(7, maphash.MakeSeed()),
 		warned: newSchedulerWarnings(), log: slog.New(slog.DiscardHandler)}
 	ids := &idAllocator{}
-	e := func(ss ...string) []*model.Endpoint { return eps(aps(ss...)...) }
+	e := backendtest.Endpoints
 	sp := func(name string, ip string) *model.ServicePort {
-		return &model.ServicePort{Name: spName(name, model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP}
+		return &model.ServicePort{Name: backendtest.PortName(name, "", model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP}
 	}
 	st := newState()
 	mk := func(p *model.ServicePort, eps []*model.Endpoint, prev *svcState) *svcState {
@@ -423,12 +424,12 @@ func TestPlanTablesPerService(t *testing.T) {
 	b := &backend{cfg: Config{MaglevTableSize: 7, MaxMaglevTables: 3}.WithDefaults(), family: model.IPv4,
 		rows: newRowWriter(7, maphash.MakeSeed()), warned: newSchedulerWarnings(), log: slog.New(rec)}
 	ids := &idAllocator{}
-	e := func(ss ...string) []*model.Endpoint { return eps(aps(ss...)...) }
+	e := backendtest.Endpoints
 	both := e("10.244.1.1:80", "10.244.1.2:80")
 	st := newState()
 	mk := func(name, ip, scheduler string, eps []*model.Endpoint) *svcState {
 		t.Helper()
-		p := &model.ServicePort{Name: spName(name, model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP, Scheduler: scheduler}
+		p := &model.ServicePort{Name: backendtest.PortName(name, "", model.TCP), ClusterIP: netip.MustParseAddr(ip), Port: 80, Protocol: model.TCP, Scheduler: scheduler}
 		prev := st.svcs[p.Name]
 		s, err := render(model.IPv4, p, &proxier.Targets{Internal: eps, External: eps, HasEndpoints: len(eps) > 0}, prev, ids)
 		if err != nil {
@@ -456,13 +457,13 @@ func TestPlanTablesPerService(t *testing.T) {
 	if s := mk("typo", "10.96.0.4", "wrr", both); usesTable(s) {
 		t.Errorf("unknown Scheduler with random selection: %+v uses a table", s.fes)
 	}
-	if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["service"] != spName("typo", model.TCP).String() ||
+	if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["service"] != backendtest.PortName("typo", "", model.TCP).String() ||
 		w[0]["scheduler"] != "wrr" || w[0]["using"] != "random" || !strings.Contains(w[0]["accepted"], "maglev, mh, random") {
 		t.Errorf("warnings about the unknown scheduler: %v", w)
 	}
 	// The same endpoint set has a table per service port that asks
 	// for one: tables are per group.
-	if st.ntables != 2 || st.svcs[spName("hashed", model.TCP)].groups[0].id == st.svcs[spName("ipvs", model.TCP)].groups[0].id {
+	if st.ntables != 2 || st.svcs[backendtest.PortName("hashed", "", model.TCP)].groups[0].id == st.svcs[backendtest.PortName("ipvs", "", model.TCP)].groups[0].id {
 		t.Errorf("%d tables; want one for each of the two service ports asking for Maglev", st.ntables)
 	}
 	// One table left, then none: the next service port asking for
@@ -479,7 +480,7 @@ func TestPlanTablesPerService(t *testing.T) {
 	}
 	// A switch of a live service port: to random frees its table,
 	// which the next one asking for Maglev gets.
-	old := st.svcs[spName("hashed", model.TCP)]
+	old := st.svcs[backendtest.PortName("hashed", "", model.TCP)]
 	if s := mk("hashed", "10.96.0.1", "random", both); usesTable(s) || s.groups[0].id != old.groups[0].id {
 		t.Errorf("switched to random: %+v", s.fes)
 	}
@@ -493,8 +494,8 @@ func TestPlanTablesPerService(t *testing.T) {
 	if s := mk("opt-out", "10.96.0.7", "random", both); usesTable(s) {
 		t.Errorf("Maglev selection, Scheduler random: %+v uses a table", s.fes)
 	}
-	st.release(spName("third", model.TCP))
-	st.release(spName("ipvs", model.TCP))
+	st.release(backendtest.PortName("third", "", model.TCP))
+	st.release(backendtest.PortName("ipvs", "", model.TCP))
 	if s := mk("default", "10.96.0.8", "", both); !usesTable(s) {
 		t.Errorf("Maglev selection, no Scheduler: %+v", s.fes)
 	}
@@ -520,7 +521,7 @@ func TestSchedulerWarnings(t *testing.T) {
 	}
 	b4, b6 := mkBackend(model.IPv4), mkBackend(model.IPv6)
 	sp := func(name, scheduler string) *model.ServicePort {
-		return &model.ServicePort{Name: spName(name, model.UDP), Protocol: model.UDP, Port: 53, Scheduler: scheduler}
+		return &model.ServicePort{Name: backendtest.PortName(name, "", model.UDP), Protocol: model.UDP, Port: 53, Scheduler: scheduler}
 	}
 	count := func() int { t.Helper(); return len(rec.schedulerWarnings()) }
 	for range 3 {
@@ -540,13 +541,13 @@ func TestSchedulerWarnings(t *testing.T) {
 		t.Errorf("%d warnings after another service port used the value, want 3", n)
 	}
 	// Known for one family only: the other still remembers.
-	warned.forget(model.IPv4, spName("a", model.UDP))
+	warned.forget(model.IPv4, backendtest.PortName("a", "", model.UDP))
 	b4.selectionFor(sp("a", "lc"))
 	if n := count(); n != 3 {
 		t.Errorf("%d warnings; a family that forgot the value logged it again while the other remembers", n)
 	}
-	warned.forget(model.IPv4, spName("a", model.UDP))
-	warned.forget(model.IPv6, spName("a", model.UDP))
+	warned.forget(model.IPv4, backendtest.PortName("a", "", model.UDP))
+	warned.forget(model.IPv6, backendtest.PortName("a", "", model.UDP))
 	b4.selectionFor(sp("a", "lc"))
 	if n := count(); n != 4 {
 		t.Errorf("%d warnings after the value was forgotten by both families and came back, want 4", n)
@@ -560,7 +561,7 @@ func TestSchedulerWarnings(t *testing.T) {
 		warned: newSchedulerWarnings(), log: slog.New(rec2), st: newState()}
 	x := svc("x", model.UDP, netip.MustParseAddr("10.96.0.1"), 53, netip.MustParseAddrPort("10.244.1.1:53"))
 	y := svc("y", model.UDP, netip.MustParseAddr("10.96.0.2"), 53, netip.MustParseAddrPort("10.244.1.1:53"))
-	x.sp.Scheduler, y.sp.Scheduler = "bogus", "bogus"
+	x.Port.Scheduler, y.Port.Scheduler = "bogus", "bogus"
 	full := func(svcs ...testSvc) {
 		st, errs := b.renderAll(request(model.IPv4, svcs, nil), &kernelState{})
 		if len(errs) != 0 {
@@ -578,7 +579,7 @@ func TestSchedulerWarnings(t *testing.T) {
 	if n := len(rec2.schedulerWarnings()); n != 3 {
 		t.Errorf("%d warnings after a service port left and came back, want 3", n)
 	}
-	if w := rec2.schedulerWarnings(); w[0]["using"] != "random" || w[0]["service"] != x.sp.Name.String() {
+	if w := rec2.schedulerWarnings(); w[0]["using"] != "random" || w[0]["service"] != x.Port.Name.String() {
 		t.Errorf("warning %v", w[0])
 	}
 }

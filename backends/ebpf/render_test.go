@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -51,7 +52,7 @@ func TestRender(t *testing.T) {
 	cluster := []*model.Endpoint{e("10.244.1.2:8080", true), e("10.244.2.2:8080", false)}
 	local := cluster[:1]
 	sp := &model.ServicePort{
-		Name:            spName("web", model.TCP),
+		Name:            backendtest.PortName("web", "", model.TCP),
 		ClusterIP:       netip.MustParseAddr("10.96.0.1"),
 		Port:            80,
 		Protocol:        model.TCP,
@@ -122,7 +123,7 @@ func TestRender(t *testing.T) {
 }
 
 func TestRecoverState(t *testing.T) {
-	sp := &model.ServicePort{Name: spName("web", model.TCP), ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: model.TCP, NodePort: 30080}
+	sp := &model.ServicePort{Name: backendtest.PortName("web", "", model.TCP), ClusterIP: netip.MustParseAddr("10.96.0.1"), Port: 80, Protocol: model.TCP, NodePort: 30080}
 	have := map[feKey]svcVal{
 		{sp.ClusterIP, 80, 6}:               {ID: 7, Count: 2},
 		{netip.IPv4Unspecified(), 30080, 6}: {ID: 7, Count: 2},
