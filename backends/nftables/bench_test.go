@@ -30,7 +30,7 @@ import (
 //	go test ./backends/nftables -run='^$' -bench='OneEndpointAdd|ConnectClusterIP' -count=5
 //
 // Layouts: "proxykit" is this backend; "kube-proxy" is kube-proxy's
-// nftables layout (kubeproxy_test.go) loaded with `nft -f`, as kube-proxy
+// nftables layout (internal/bench/scale.KubeProxyNFT) loaded with `nft -f`, as kube-proxy
 // does, at the same scale in the same run.
 
 // durations collects per-operation times and reports their median and
@@ -87,7 +87,7 @@ func BenchmarkFullSync(b *testing.B) {
 		// (5,000 x 50 is 255,000 chains); 1,000 x 50 shows the trend.
 		for _, sc := range [][2]int{{1000, 10}, {10000, 10}, {1000, 50}} {
 			b.Run(fmt.Sprintf("%dx%d", sc[0], sc[1]), func(b *testing.B) {
-				script := kubeProxyRuleset(backendtest.ScaleServices(sc[0], sc[1]))
+				script := scale.KubeProxyNFT(scale.Services(sc[0], sc[1]))
 				b.ResetTimer()
 				for range b.N {
 					b.StopTimer()
@@ -141,13 +141,14 @@ func BenchmarkOneEndpointAdd(b *testing.B) {
 		testnet.RequireCommand(b, "nft")
 		for _, n := range []int{100, 1000, 10000} {
 			b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-				svcs := backendtest.ScaleServices(n, 10)
+				svcs := scale.Services(n, 10)
 				ns := newNS(b)
-				nftFile(b, ns, kubeProxyRuleset(svcs))
+				nftFile(b, ns, scale.KubeProxyNFT(svcs))
 				s := svcs[n/2]
-				eps := kpEndpoints(s)
-				add := kubeProxyAddEndpoint(s, eps, "10.200.0.1:8080")
-				del := kubeProxyRemoveEndpoint(s, eps, "10.200.0.1:8080")
+				grown := s
+				grown.Endpoints = append(slices.Clone(s.Endpoints), scale.ReplacementEndpoint(0))
+				add := scale.KubeProxyNFTChange(s, grown)
+				del := scale.KubeProxyNFTChange(grown, s)
 				var d durations
 				b.ResetTimer()
 				for range b.N {

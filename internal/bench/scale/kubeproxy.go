@@ -18,7 +18,7 @@ import (
 //     dispatching to a chain per service port, whose last rule is an
 //     anonymous `numgen random mod N vmap { i : goto endpoint-… }`, and a
 //     chain per endpoint doing the DNAT; node ports go through an
-//     external-… chain. Adapted from backends/nftables/kubeproxy_test.go.
+//     external-… chain.
 //   - iptables mode (pkg/proxy/iptables), loaded with `iptables-restore
 //     --noflush --counters`: KUBE-SERVICES matching every cluster IP and
 //     jumping to KUBE-SVC-<hash>, which picks a KUBE-SEP-<hash> endpoint
