@@ -282,17 +282,27 @@ func (d *dataplane) load() error {
 		return err
 	}
 	// The per-family maps are preallocated, and can be large: those of
-	// a family that is not configured get one entry. The Maglev maps
-	// exist with random selection too, for the service ports whose
-	// Scheduler asks for Maglev (MaxMaglevTables then defaults to a
-	// small size). (Sized by the configuration, not by the backends
-	// created, so that two NewBackend calls with one Config and PinPath
-	// agree.)
+	// a family that is not configured get one entry, unless a map of
+	// that name is pinned already (another proxier, configured for
+	// that family, shares the pins: its map is adopted as it is). The
+	// Maglev maps exist with random selection too, for the service
+	// ports whose Scheduler asks for Maglev (MaxMaglevTables then
+	// defaults to a small size). (Sized by the configuration, not by
+	// the backends created, so that two NewBackend calls with one
+	// Config and PinPath agree.)
+	other := map[string]bool{}
 	per := func(f model.IPFamily, n int) int {
 		if slices.Contains(d.cfg.Families, f) {
 			return n
 		}
 		return 1
+	}
+	for _, f := range []model.IPFamily{model.IPv4, model.IPv6} {
+		if !slices.Contains(d.cfg.Families, f) {
+			for _, name := range familyMapNames(f) {
+				other[name] = true
+			}
+		}
 	}
 	sizes := map[string]int{
 		mapSvc4: per(model.IPv4, d.cfg.MaxServices), mapSvc6: per(model.IPv6, d.cfg.MaxServices),
@@ -317,7 +327,7 @@ func (d *dataplane) load() error {
 		if ms.Pinning != ebpf.PinByName {
 			continue
 		}
-		if err := d.checkPin(name, ms); err != nil {
+		if err := d.checkPin(name, ms, other[name]); err != nil {
 			return err
 		}
 	}
@@ -330,6 +340,15 @@ func (d *dataplane) load() error {
 		d.log.Warn("connected UDP sockets of removed endpoints will not be destroyed (needs kernel 6.5+ bpf_sock_destroy and BTF)", "err", err)
 	}
 	return nil
+}
+
+// familyMapNames returns the names of the maps of family f that are
+// sized by the configuration.
+func familyMapNames(f model.IPFamily) []string {
+	if f == model.IPv6 {
+		return []string{mapSvc6, mapBe6, mapAff6, mapMag6}
+	}
+	return []string{mapSvc4, mapBe4, mapAff4, mapMag4}
 }
 
 // sizeTableMap makes the Maglev map ms hold rows of m entries: its value
@@ -348,8 +367,10 @@ func sizeTableMap(ms *ebpf.MapSpec, m int) error {
 
 // checkPin looks at the pinned map name, if any: when it does not match
 // ms (the configuration changed its size), ms is created afresh and
-// replaces the pin when the programs are attached.
-func (d *dataplane) checkPin(name string, ms *ebpf.MapSpec) error {
+// replaces the pin when the programs are attached. With anySize (a map
+// of a family this configuration leaves out), a pinned map of any size
+// is adopted: the proxier that owns the family sized it.
+func (d *dataplane) checkPin(name string, ms *ebpf.MapSpec, anySize bool) error {
 	path := filepath.Join(d.cfg.PinPath, name)
 	m, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -359,7 +380,18 @@ func (d *dataplane) checkPin(name string, ms *ebpf.MapSpec) error {
 		return fmt.Errorf("ebpf: pinned map %s: %w", path, err)
 	}
 	defer m.Close()
+	if anySize {
+		ms.MaxEntries = m.MaxEntries()
+	}
 	if cerr := ms.Compatible(m); cerr != nil {
+		if m.MaxEntries() == 1 && ms.MaxEntries > 1 {
+			// The one-entry map a proxier configured without this
+			// family left: nothing is lost.
+			d.log.Debug("pinned placeholder map replaced", "map", path)
+			ms.Pinning = ebpf.PinNone
+			d.repin[name] = true
+			return nil
+		}
 		d.log.Warn("pinned map does not match the configuration; it is replaced at the first sync and its contents are lost", "map", path, "err", cerr)
 		ms.Pinning = ebpf.PinNone
 		d.repin[name] = true

@@ -41,3 +41,32 @@ func TestMapsOfUnconfiguredFamily(t *testing.T) {
 		x.reaches(x.node, "tcp", ap(v, 80), 8080, 3, x.p11)
 	})
 }
+
+// TestPinnedMapsSharedByFamilies: two proxiers, one configured for IPv4
+// and one for IPv6, share a cgroup and a PinPath. The second adopts the
+// pinned maps of the first one's family as they are, instead of taking
+// them for a configuration change and replacing them with one-entry
+// maps, which would cut the first one's services off the attached
+// programs.
+func TestPinnedMapsSharedByFamilies(t *testing.T) {
+	pins := bpffs(t)
+	x4 := newFixture(t, model.IPv4, func(c *Config) { c.PinPath = pins })
+	v4 := vip(model.IPv4, 160)
+	web4 := svc("web4", model.TCP, v4, 80, x4.ep(x4.p11, 8080))
+	x4.sync([]testSvc{web4})
+	x4.reaches(x4.pod3, "tcp", ap(v4, 80), 8080, 3, x4.p11)
+
+	x6 := *x4
+	x6.f = model.IPv6
+	x6.cfg.Families = []model.IPFamily{model.IPv6}
+	x6.b = x6.newBackend()
+	v6 := vip(model.IPv6, 160)
+	x6.sync([]testSvc{svc("web6", model.TCP, v6, 80, x6.ep(x6.p12, 8080))})
+	x6.reaches(x6.pod3, "tcp", ap(v6, 80), 8080, 3, x6.p12)
+	// The IPv4 proxier's services, old and new, still work.
+	x4.reaches(x4.pod3, "tcp", ap(v4, 80), 8080, 3, x4.p11)
+	api4 := svc("api4", model.TCP, v4, 81, x4.ep(x4.p21, 8080))
+	x4.sync([]testSvc{web4, api4}, api4.Port.Name)
+	x4.reaches(x4.pod3, "tcp", ap(v4, 81), 8080, 3, x4.p21)
+	x6.reaches(x6.pod3, "tcp", ap(v6, 80), 8080, 3, x6.p12)
+}
