@@ -118,8 +118,11 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		for t := range numTables {
 			if in.committedBefore(t, line) {
 				// The table holds want now: what the retry leaves out
-				// becomes stale.
+				// becomes stale, and the jumps inserted are there.
 				have[t] = setOf(chainsOf(want[t]))
+				if jumps[t] == jumpsInsert {
+					jumps[t] = jumpsCheck
+				}
 			}
 		}
 		sp, ok := in.lookup(line)

@@ -544,3 +544,36 @@ func TestKernelRefusedRuleInLaterRun(t *testing.T) {
 		t.Fatalf("the fixed service port: %s", got)
 	}
 }
+
+// TestKernelRefusedFilterRuleAtFirstSync: the first sync into tables
+// holding nothing of ours inserts the jumps from the built-in chains.
+// When a filter rule is refused after the nat table was committed, the
+// retry checks those jumps instead of inserting them a second time.
+func TestKernelRefusedFilterRuleAtFirstSync(t *testing.T) {
+	for _, mode := range []Mode{ModeNFT, ModeLegacy} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newKernelEnv(t, "iptables-"+string(mode)+"-restore")
+			node, p11 := &e.tn.Node1.Host, e.pod(1, 1)
+			b := e.backend(model.IPv4, Config{Mode: mode})
+			web := e.svc(model.IPv4, "web", "10.96.5.1", p11)
+			empty := e.svc(model.IPv4, "empty", "10.96.5.2")
+			b.r.badVerdict = func(n model.ServicePortName) string {
+				if n == empty.Port.Name {
+					return "REJECT --reject-with pkbogus"
+				}
+				return ""
+			}
+			err := b.Sync(t.Context(), request(model.IPv4, []testSvc{web, empty}, nil))
+			checkRefused(t, err, empty.Port.Name, "pkbogus")
+			if got := e.answers(node, "10.96.5.1:80"); got != p11.Name {
+				t.Fatalf("web: %s, want %s", got, p11.Name)
+			}
+			for _, c := range []string{"PREROUTING", "OUTPUT", "POSTROUTING"} {
+				out := e.exec("iptables-"+string(mode), "-w", "-t", "nat", "-S", c)
+				if n := strings.Count(out, "-j PROXYKIT-"); n != 1 {
+					t.Errorf("%d jumps to our chains in nat %s, want 1:\n%s", n, c, out)
+				}
+			}
+		})
+	}
+}

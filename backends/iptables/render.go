@@ -69,6 +69,9 @@ type renderer struct {
 	// badRule, set by tests only, adds an invalid rule to a service
 	// port's SVC chain.
 	badRule func(model.ServicePortName) string
+	// badVerdict, set by tests only, replaces the verdict of a service
+	// port's filter rules (e.g. with a target that does not exist).
+	badVerdict func(model.ServicePortName) string
 	// The names of the fixed chains service ports write rules in.
 	fServices, fExternal, fNodePorts, fFirewall, fMarkOutside string
 }
@@ -188,6 +191,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	}
 	// filterAll rejects or drops every address of the port in filter.
 	filterAll := func(cluster bool, why, verdict string) {
+		if r.badVerdict != nil {
+			if bad := r.badVerdict(name); bad != "" {
+				verdict = bad
+			}
+		}
 		if cluster {
 			if hasCluster {
 				w.comment(svcName, " ", why)
