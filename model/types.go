@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"time"
@@ -106,6 +107,18 @@ func (n ServicePortName) String() string {
 		s += ":" + n.Port
 	}
 	return s + "/" + string(n.Protocol)
+}
+
+// Compare orders service port names by namespace, name, port name and
+// protocol: -1, 0 or +1 as n sorts before, with or after o. As a method
+// expression, ServicePortName.Compare sorts with slices.SortFunc.
+func (n ServicePortName) Compare(o ServicePortName) int {
+	return cmp.Or(
+		cmp.Compare(n.Namespace, o.Namespace),
+		cmp.Compare(n.Name, o.Name),
+		cmp.Compare(n.Port, o.Port),
+		cmp.Compare(n.Protocol, o.Protocol),
+	)
 }
 
 // TrafficPolicy says which endpoints traffic of a kind may reach.

@@ -22,3 +22,23 @@ func TestProtocolNumbers(t *testing.T) {
 		t.Errorf("ProtocolOfNumber(ICMP) = %q, true", p)
 	}
 }
+
+func TestServicePortNameCompare(t *testing.T) {
+	n := func(ns, name, port string, p Protocol) ServicePortName {
+		return ServicePortName{ServiceName: ServiceName{Namespace: ns, Name: name}, Port: port, Protocol: p}
+	}
+	sorted := []ServicePortName{
+		n("a", "z", "", TCP), n("b", "a", "", TCP), n("b", "a", "http", SCTP),
+		n("b", "a", "http", TCP), n("b", "a", "http", UDP), n("b", "b", "", TCP),
+	}
+	for i, x := range sorted {
+		if x.Compare(x) != 0 {
+			t.Errorf("%v differs from itself", x)
+		}
+		for _, y := range sorted[i+1:] {
+			if x.Compare(y) != -1 || y.Compare(x) != 1 {
+				t.Errorf("%v and %v compare %d / %d, want -1 / 1", x, y, x.Compare(y), y.Compare(x))
+			}
+		}
+	}
+}

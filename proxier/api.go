@@ -3,7 +3,9 @@ package proxier
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -140,6 +142,41 @@ func (e *ObjectError) Error() string { return e.Service.String() + ": " + e.Err.
 
 // Unwrap returns the underlying error.
 func (e *ObjectError) Unwrap() error { return e.Err }
+
+// JoinObjectErrors returns one ObjectError per service port with a non-nil
+// error in errMaps, sorted by name (see [model.ServicePortName.Compare]),
+// joined with errors.Join; nil when there are none. Backends return it
+// from Sync for the service ports they skipped.
+func JoinObjectErrors(errMaps ...map[model.ServicePortName]error) error {
+	var errs []error
+	for _, m := range errMaps {
+		for _, n := range slices.SortedFunc(maps.Keys(m), model.ServicePortName.Compare) {
+			if m[n] != nil {
+				errs = append(errs, &ObjectError{Service: n, Err: m[n]})
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// OnlyObjectErrors reports whether err is nil or consists of
+// [*ObjectError]s only (joined with errors.Join, at any depth): the sync
+// went through for every other service port.
+func OnlyObjectErrors(err error) bool {
+	if err == nil {
+		return true
+	}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if !OnlyObjectErrors(e) {
+				return false
+			}
+		}
+		return true
+	}
+	_, ok := err.(*ObjectError)
+	return ok
+}
 
 // ErrNotSupported is matched (with errors.Is) by errors that say the kernel
 // or the platform lacks something a backend needs.

@@ -458,7 +458,7 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 	fam := f.backend.Family().String()
 	log := e.log.With("family", fam, "full", full, "changed", len(f.changed))
 	e.metrics.pendingChanges.Set(float64(len(f.changed)))
-	if err != nil && !onlyObjectErrors(err) {
+	if err != nil && !OnlyObjectErrors(err) {
 		e.metrics.observeSync(fam, full, time.Since(start), false)
 		f.needFull = true
 		if ctx.Err() != nil {
@@ -582,23 +582,6 @@ func has(bits, bit uint8) int {
 		return 1
 	}
 	return 0
-}
-
-// onlyObjectErrors reports whether err consists of ObjectErrors only.
-func onlyObjectErrors(err error) bool {
-	if err == nil {
-		return true
-	}
-	if joined, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range joined.Unwrap() {
-			if !onlyObjectErrors(e) {
-				return false
-			}
-		}
-		return true
-	}
-	var oe *ObjectError
-	return errors.As(err, &oe) && err == error(oe)
 }
 
 func objectErrors(err error) []*ObjectError {

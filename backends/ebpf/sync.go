@@ -1,7 +1,6 @@
 package ebpf
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -164,7 +163,7 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	var objErrs []error
 	if b.nft != nil {
 		if err := b.nft.Sync(ctx, req); err != nil {
-			if !onlyObjectErrors(err) {
+			if !proxier.OnlyObjectErrors(err) {
 				return fmt.Errorf("ebpf: north-south rules: %w", err)
 			}
 			objErrs = append(objErrs, err)
@@ -176,7 +175,7 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	} else {
 		err = b.syncIncremental(req)
 	}
-	if err != nil && !onlyObjectErrors(err) {
+	if err != nil && !proxier.OnlyObjectErrors(err) {
 		b.st = nil
 		return err
 	}
@@ -269,7 +268,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 		"read", read.Sub(start), "render", rendered.Sub(read), "write", time.Since(rendered))
 	b.warnNoTable(st)
 	b.destroyStale(stale)
-	return joinObjectErrors(objErrs)
+	return proxier.JoinObjectErrors(objErrs)
 }
 
 // kernelState is what a full sync reads from the maps.
@@ -308,7 +307,7 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 	st := newState()
 	errs := map[model.ServicePortName]error{}
 	claimed := map[uint32]bool{}
-	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), compareNames) {
+	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
 		sp := req.State.Services[name]
 		var prev *svcState
 		if old != nil {
@@ -473,7 +472,7 @@ func (b *backend) fullStale(st *state, k *kernelState, nodes []netip.Addr) []sta
 func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 	st := b.st
 	st.noTable = 0
-	names := slices.SortedFunc(maps.Keys(req.Changed), compareNames)
+	names := slices.SortedFunc(maps.Keys(req.Changed), model.ServicePortName.Compare)
 	old := map[model.ServicePortName]*svcState{}
 	for _, name := range names {
 		if s := st.svcs[name]; s != nil {
@@ -533,7 +532,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 		st.nodes[a] = true
 	}
 	b.destroyStale(stale)
-	return joinObjectErrors(objErrs)
+	return proxier.JoinObjectErrors(objErrs)
 }
 
 // diffService adds to o what turns old into s (either may be nil), and
@@ -731,38 +730,4 @@ func diffNodes(have map[netip.Addr]bool, want []netip.Addr) (add, del []netip.Ad
 		}
 	}
 	return add, del
-}
-
-// onlyObjectErrors reports whether err consists of ObjectErrors only.
-func onlyObjectErrors(err error) bool {
-	if err == nil {
-		return true
-	}
-	if joined, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range joined.Unwrap() {
-			if !onlyObjectErrors(e) {
-				return false
-			}
-		}
-		return true
-	}
-	var oe *proxier.ObjectError
-	return errors.As(err, &oe) && err == error(oe)
-}
-
-func joinObjectErrors(m map[model.ServicePortName]error) error {
-	var errs []error
-	for _, n := range slices.SortedFunc(maps.Keys(m), compareNames) {
-		errs = append(errs, &proxier.ObjectError{Service: n, Err: m[n]})
-	}
-	return errors.Join(errs...)
-}
-
-func compareNames(a, b model.ServicePortName) int {
-	return cmp.Or(
-		cmp.Compare(a.Namespace, b.Namespace),
-		cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port),
-		cmp.Compare(a.Protocol, b.Protocol),
-	)
 }

@@ -152,7 +152,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	}
 	b.log.Info("full sync", "services", len(req.State.Services), "sections", b.last.sections, "lines", b.last.lines,
 		"bytes", b.last.bytes, "duration", time.Since(start))
-	return joinObjectErrors(errs)
+	return proxier.JoinObjectErrors(errs)
 }
 
 // restoreSections feeds the sections secs, joined in data with starts as
@@ -383,7 +383,7 @@ func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableR
 	var secs []*input
 	var names [numTables][]model.ServicePortName
 	for t := range numTables {
-		names[t] = slices.SortedFunc(maps.Keys(want[t]), compareNames)
+		names[t] = slices.SortedFunc(maps.Keys(want[t]), model.ServicePortName.Compare)
 	}
 	size := inputSize(want, stale)
 	if cap(b.arena) < size {

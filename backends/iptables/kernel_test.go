@@ -349,7 +349,7 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 func checkRefused(t *testing.T, err error, svc model.ServicePortName, rule string) {
 	t.Helper()
 	var oe *proxier.ObjectError
-	if !errors.As(err, &oe) || oe.Service != svc || !strings.Contains(err.Error(), rule) || !onlyObjectErrors(err) {
+	if !errors.As(err, &oe) || oe.Service != svc || !strings.Contains(err.Error(), rule) || !proxier.OnlyObjectErrors(err) {
 		t.Fatalf("sync error %v; want an ObjectError for %s naming %q", err, svc, rule)
 	}
 	t.Logf("refused: %v", err)
@@ -475,20 +475,6 @@ func TestNewInvalidConfig(t *testing.T) {
 	if _, err := NewBackend(Config{}, 5); err == nil {
 		t.Error("family 5 accepted")
 	}
-}
-
-// onlyObjectErrors reports whether err holds [*proxier.ObjectError]s only.
-func onlyObjectErrors(err error) bool {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range j.Unwrap() {
-			if _, ok := e.(*proxier.ObjectError); !ok {
-				return false
-			}
-		}
-		return true
-	}
-	_, ok := err.(*proxier.ObjectError)
-	return ok
 }
 
 // A complete rewrite of the nft flavour runs iptables-nft-restore several

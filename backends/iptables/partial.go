@@ -92,7 +92,7 @@ func (b *backend) syncPartial(ctx context.Context, req *proxier.SyncRequest, nam
 		return fmt.Errorf("iptables: partial sync: %w", err)
 	}
 	b.log.Debug("partial sync", "full", req.Full, "services", len(names), "lines", b.last.lines, "duration", time.Since(start))
-	return joinObjectErrors(errs)
+	return proxier.JoinObjectErrors(errs)
 }
 
 // commit records that the tables before end hold want.
@@ -116,7 +116,7 @@ func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableR
 	in := newInput(4096)
 	canary := b.r.n.fixed(chCanary)
 	for t := range numTables {
-		names := slices.SortedFunc(maps.Keys(want[t]), compareNames)
+		names := slices.SortedFunc(maps.Keys(want[t]), model.ServicePortName.Compare)
 		diffs := make([]tableDiff, len(names))
 		changed := false
 		for i, n := range names {

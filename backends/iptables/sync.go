@@ -1,13 +1,10 @@
 package iptables
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -177,21 +174,4 @@ func (b *backend) ensureJumps(ctx context.Context) error {
 // refused describes a line the restore program refused.
 func refused(re *iptables.RestoreError) error {
 	return fmt.Errorf("%s refused line %d (%s): %s", re.Program, re.Line, re.Text, re.Msg)
-}
-
-func joinObjectErrors(m map[model.ServicePortName]error) error {
-	var errs []error
-	for _, n := range slices.SortedFunc(maps.Keys(m), compareNames) {
-		errs = append(errs, &proxier.ObjectError{Service: n, Err: m[n]})
-	}
-	return errors.Join(errs...)
-}
-
-func compareNames(a, b model.ServicePortName) int {
-	return cmp.Or(
-		cmp.Compare(a.Namespace, b.Namespace),
-		cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port),
-		cmp.Compare(a.Protocol, b.Protocol),
-	)
 }

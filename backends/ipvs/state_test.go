@@ -123,7 +123,7 @@ func TestConflictReported(t *testing.T) {
 		t.Errorf("%d services programmed", len(st.services))
 	}
 	var oe *proxier.ObjectError
-	if err := joinObjectErrors(c.objErrs); !errors.As(err, &oe) || oe.Service != b.Port.Name {
+	if err := proxier.JoinObjectErrors(c.objErrs); !errors.As(err, &oe) || oe.Service != b.Port.Name {
 		t.Errorf("joined: %v", err)
 	}
 }

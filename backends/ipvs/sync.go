@@ -1,7 +1,6 @@
 package ipvs
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +55,7 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 		b.log.Warn("graceful termination", "err", err)
 	}
 	b.log.Debug("sync", "full", full, "services", len(st.services), "virtualServers", len(st.vs), "took", b.now().Sub(start))
-	return joinObjectErrors(c.objErrs, opErrs)
+	return proxier.JoinObjectErrors(c.objErrs, opErrs)
 }
 
 // plan computes the state req asks for and, for an incremental sync, the
@@ -119,7 +118,7 @@ func planState(st *state, req *proxier.SyncRequest, r *renderer, incremental boo
 		}
 	}
 	st.nodeAddrs = r.nodeAddrs
-	sorted := slices.SortedFunc(maps.Keys(names), compareNames)
+	sorted := slices.SortedFunc(maps.Keys(names), model.ServicePortName.Compare)
 	// Release first, so that a virtual server moving from one service
 	// port to another in this sync is no conflict.
 	for _, n := range sorted {
@@ -433,25 +432,4 @@ func (b *backend) updateVS(old, s *vsSpec) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func joinObjectErrors(errMaps ...map[model.ServicePortName]error) error {
-	var errs []error
-	for _, m := range errMaps {
-		for _, n := range slices.SortedFunc(maps.Keys(m), compareNames) {
-			if m[n] != nil {
-				errs = append(errs, &proxier.ObjectError{Service: n, Err: m[n]})
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func compareNames(a, b model.ServicePortName) int {
-	return cmp.Or(
-		cmp.Compare(a.Namespace, b.Namespace),
-		cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port),
-		cmp.Compare(a.Protocol, b.Protocol),
-	)
 }

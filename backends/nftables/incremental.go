@@ -204,7 +204,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 				messages: tx.Len(), bytes: tx.Size(), services: len(req.Changed)}
 			b.log.Debug("incremental sync", "changed", len(req.Changed), "messages", tx.Len(),
 				"bytes", tx.Size(), "duration", time.Since(start))
-			return joinObjectErrors(objErrs, skip)
+			return proxier.JoinObjectErrors(objErrs, skip)
 		}
 		if !b.dropRejected(err, skip) || attempt >= maxRetries {
 			return fmt.Errorf("nftables: sync: %w", err)
@@ -224,7 +224,7 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 			names = append(names, n)
 		}
 	}
-	slices.SortFunc(names, compareNames)
+	slices.SortFunc(names, model.ServicePortName.Compare)
 
 	for _, n := range names {
 		if old := st.services[n]; old != nil {

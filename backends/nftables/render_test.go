@@ -413,7 +413,7 @@ func TestConflictingAddressesReported(t *testing.T) {
 	if len(st.services) != 1 || errs[dup.Port.Name] == nil {
 		t.Fatalf("services %d, errors %v: want b reported", len(st.services), errs)
 	}
-	err := joinObjectErrors(errs)
+	err := proxier.JoinObjectErrors(errs)
 	var oe *proxier.ObjectError
 	if !errorsAs(err, &oe) || oe.Service != dup.Port.Name {
 		t.Fatalf("error %v is not an ObjectError for b", err)

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -199,7 +198,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 				messages: tx.Len(), bytes: tx.Size(), services: len(st.services)}
 			b.log.Info("full sync", "services", len(st.services), "messages", tx.Len(), "bytes", tx.Size(),
 				"recreated", recreate, "render", built.Sub(start), "kernel", time.Since(built))
-			return joinObjectErrors(objErrs, skip)
+			return proxier.JoinObjectErrors(objErrs, skip)
 		}
 		if !b.dropRejected(err, skip) || attempt >= maxRetries {
 			return fmt.Errorf("nftables: full sync: %w", err)
@@ -218,7 +217,7 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		st.nextID = old.nextID
 	}
 	errs := map[model.ServicePortName]error{}
-	names := slices.SortedFunc(maps.Keys(req.State.Services), compareNames)
+	names := slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare)
 	// Service ports that stay keep their ids; the others are free.
 	used := map[uint32]bool{}
 	for _, name := range names {
@@ -305,7 +304,7 @@ func (b *backend) fullBatch(st *state, recreate, perService bool) (*batch, error
 			return nil, err
 		}
 	}
-	names := slices.SortedFunc(maps.Keys(st.services), compareNames)
+	names := slices.SortedFunc(maps.Keys(st.services), model.ServicePortName.Compare)
 	var svcChains []*chainObj
 	for _, n := range names {
 		objs := st.services[n].objs
@@ -578,23 +577,4 @@ func (b *backend) dropRejected(err error, skip map[model.ServicePortName]error) 
 		skip[*f.Service] = fmt.Errorf("kernel rejected %s: %w", f.What, f.Err)
 	}
 	return true
-}
-
-func joinObjectErrors(errMaps ...map[model.ServicePortName]error) error {
-	var errs []error
-	for _, m := range errMaps {
-		for _, n := range slices.SortedFunc(maps.Keys(m), compareNames) {
-			errs = append(errs, &proxier.ObjectError{Service: n, Err: m[n]})
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func compareNames(a, b model.ServicePortName) int {
-	return cmp.Or(
-		cmp.Compare(a.Namespace, b.Namespace),
-		cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port),
-		cmp.Compare(a.Protocol, b.Protocol),
-	)
 }
