@@ -64,6 +64,8 @@ type dataplane struct {
 	// repin are maps whose pin was incompatible with the configuration:
 	// they were created afresh and replace the pin when attached.
 	repin map[string]bool
+	// metrics reports the maps' fill, for both family backends.
+	metrics *mapMetrics
 	// warned remembers the unknown schedulers of service ports logged
 	// already, for both family backends.
 	warned *schedulerWarnings
@@ -110,6 +112,7 @@ func newDataplane(cfg Config) (*dataplane, error) {
 		cgroupID: st.Ino,
 		repin:    map[string]bool{},
 		warned:   newSchedulerWarnings(),
+		metrics:  newMapMetrics(cfg.Registerer),
 		refs:     1,
 		families: map[model.IPFamily]bool{},
 		synced:   map[model.IPFamily]bool{},

@@ -180,6 +180,9 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 		return err
 	}
 	objErrs = append(objErrs, err)
+	if b.st != nil {
+		b.dp.metrics.observe(b.family, b.st, &b.cfg)
+	}
 	if err := b.dp.markSynced(b.family); err != nil {
 		return err
 	}
