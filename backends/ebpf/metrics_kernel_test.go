@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/model"
 )
 
@@ -16,20 +16,7 @@ func TestMapMetrics(t *testing.T) {
 	forFamilies(t, func(t *testing.T, f model.IPFamily) {
 		reg := prometheus.NewRegistry()
 		x := newFixture(t, f, func(c *Config) { c.Registerer = reg })
-		gauges := func() map[string]float64 {
-			t.Helper()
-			mfs, err := reg.Gather()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := map[string]float64{}
-			for _, mf := range mfs {
-				for _, m := range mf.GetMetric() {
-					out[mf.GetName()+"/"+label(m, "map")] = m.GetGauge().GetValue()
-				}
-			}
-			return out
-		}
+		gauges := func() map[string]float64 { return backendtest.Metrics(t, reg, "map") }
 		svcMap, beMap, magMap := mapSvc4, mapBe4, mapMag4
 		if f == model.IPv6 {
 			svcMap, beMap, magMap = mapSvc6, mapBe6, mapMag6
@@ -61,13 +48,4 @@ func TestMapMetrics(t *testing.T) {
 		x.sync([]testSvc{hashed}, web.Port.Name, dns.Port.Name)
 		check("two removed", 1, 1, 1)
 	})
-}
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
 }

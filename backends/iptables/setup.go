@@ -184,6 +184,7 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 		r:   newRenderer(cfg, family, n, run.HasRandomFully()),
 		log: cfg.Logger.With("backend", "iptables", "family", family.String(), "flavour", string(fl)),
 	}
+	b.metrics = newRuleMetrics(cfg.Registerer, family)
 	if err := b.probe(ctx); err != nil {
 		b.Close()
 		return nil, err

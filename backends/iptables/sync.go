@@ -29,6 +29,8 @@ type backend struct {
 	lastRewrite time.Time
 	// last describes the last restore input, for tests and benchmarks.
 	last inputStats
+	// metrics counts the rules and failed restores.
+	metrics *ruleMetrics
 	// arena is the buffer complete rewrites write their input in, kept
 	// for the next one (nil after a failure, whose error may hold it).
 	arena []byte
@@ -99,6 +101,14 @@ var errDrift = errors.New("our rules were changed behind our back")
 // the jumps from the built-in chains). Every such sync first checks the
 // canary chains; when one was flushed it rewrites everything instead.
 func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
+	err := b.sync(ctx, req)
+	if b.metrics != nil && b.run != nil {
+		b.metrics.observe(b.r, b.st, err)
+	}
+	return err
+}
+
+func (b *backend) sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
