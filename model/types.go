@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -80,6 +81,12 @@ func FamilyOf(a netip.Addr) IPFamily {
 // Contains reports whether a is a valid address of family f.
 func (f IPFamily) Contains(a netip.Addr) bool {
 	return a.IsValid() && FamilyOf(a) == f
+}
+
+// Usable reports whether ep is an endpoint a backend of family f can
+// program: not nil, an address of f, a port.
+func (f IPFamily) Usable(ep *Endpoint) bool {
+	return ep != nil && f.Contains(ep.Addr.Addr()) && ep.Addr.Port() != 0
 }
 
 // ServiceName names a Service.
@@ -232,6 +239,36 @@ type Endpoint struct {
 	// NodeHints are the nodes that should consume this endpoint; nil means
 	// no hints.
 	NodeHints []string
+}
+
+// smallSet is the size up to which a linear search beats a map.
+const smallSet = 32
+
+// DistinctAddrs returns the distinct addresses of the endpoints of eps
+// that keep (nil: all) selects, in order, IPv4-mapped IPv6 addresses
+// unmapped.
+func DistinctAddrs(eps []*Endpoint, keep func(*Endpoint) bool) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(eps))
+	var seen map[netip.AddrPort]bool
+	if len(eps) > smallSet {
+		seen = make(map[netip.AddrPort]bool, len(eps))
+	}
+	for _, ep := range eps {
+		if keep != nil && !keep(ep) {
+			continue
+		}
+		a := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
+		if seen != nil {
+			if seen[a] {
+				continue
+			}
+			seen[a] = true
+		} else if slices.Contains(out, a) {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // String returns "ip:port".

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"net/netip"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -40,5 +42,23 @@ func TestServicePortNameCompare(t *testing.T) {
 				t.Errorf("%v and %v compare %d / %d, want -1 / 1", x, y, x.Compare(y), y.Compare(x))
 			}
 		}
+	}
+}
+
+func TestDistinctAddrs(t *testing.T) {
+	ep := func(s string) *Endpoint { return &Endpoint{Addr: netip.MustParseAddrPort(s)} }
+	eps := []*Endpoint{ep("10.0.0.2:80"), ep("[::ffff:10.0.0.1]:80"), ep("10.0.0.2:80"), ep("10.0.0.1:80"), ep("10.0.0.1:0"), ep("[fd00::1]:80"), nil}
+	got := DistinctAddrs(eps, IPv4.Usable)
+	want := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.2:80"), netip.MustParseAddrPort("10.0.0.1:80")}
+	if !slices.Equal(got, want) {
+		t.Errorf("IPv4 usable: %v, want %v", got, want)
+	}
+	// Beyond the linear search: the same answer through the map.
+	var many []*Endpoint
+	for i := range 40 {
+		many = append(many, ep(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 1, byte(i % 20)}), 80).String()))
+	}
+	if got := DistinctAddrs(many, nil); len(got) != 20 || got[0] != many[0].Addr || got[19] != many[19].Addr {
+		t.Errorf("40 endpoints, 20 distinct: got %d: %v", len(got), got)
 	}
 }

@@ -169,26 +169,7 @@ func targetLists(sp *model.ServicePort, t *proxier.Targets) (internal, external 
 const smallSet = 32
 
 // addrs returns the distinct endpoint addresses of eps, in order.
-func addrs(eps []*model.Endpoint) []netip.AddrPort {
-	out := make([]netip.AddrPort, 0, len(eps))
-	var seen map[netip.AddrPort]bool
-	if len(eps) > smallSet {
-		seen = make(map[netip.AddrPort]bool, len(eps))
-	}
-	for _, ep := range eps {
-		a := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
-		if seen != nil {
-			if seen[a] {
-				continue
-			}
-			seen[a] = true
-		} else if slices.Contains(out, a) {
-			continue
-		}
-		out = append(out, a)
-	}
-	return out
-}
+func addrs(eps []*model.Endpoint) []netip.AddrPort { return model.DistinctAddrs(eps, nil) }
 
 // addrSet is a set of endpoints: a slice while small, a map beyond.
 type addrSet struct {

@@ -611,27 +611,7 @@ func probability(n int) string { return strconv.FormatFloat(1/float64(n), 'f', 1
 
 // endpoints returns the distinct usable endpoint addresses of eps.
 func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
-	out := make([]netip.AddrPort, 0, len(eps))
-	var seen map[netip.AddrPort]bool
-	if len(eps) > 16 {
-		seen = make(map[netip.AddrPort]bool, len(eps))
-	}
-	for _, ep := range eps {
-		if ep == nil || !r.fam.Contains(ep.Addr.Addr()) || ep.Addr.Port() == 0 {
-			continue
-		}
-		a := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
-		if seen != nil {
-			if seen[a] {
-				continue
-			}
-			seen[a] = true
-		} else if slices.Contains(out, a) {
-			continue
-		}
-		out = append(out, a)
-	}
-	return out
+	return model.DistinctAddrs(eps, r.fam.Usable)
 }
 
 func sameEndpoints(a, b []netip.AddrPort) bool {

@@ -460,17 +460,7 @@ func noEndpoints(add func(string, elem), clusterKey []byte, extKeys [][]byte, np
 
 // endpoints returns the distinct usable endpoint addresses of eps.
 func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
-	out := make([]netip.AddrPort, 0, len(eps))
-	for _, ep := range eps {
-		if ep == nil || !r.fi.fam.Contains(ep.Addr.Addr()) || ep.Addr.Port() == 0 {
-			continue
-		}
-		a := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
-		if !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	return out
+	return model.DistinctAddrs(eps, r.fi.fam.Usable)
 }
 
 func sameEndpoints(a, b []netip.AddrPort) bool {
