@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -32,8 +33,12 @@ type Engine struct {
 	hooks    []AfterSyncHook
 	ct       *conntrackHook
 	metrics  *metrics
-	svcHC    *healthcheck.ServiceServers
+	svcHC    serviceHealthServers // nil: no service health checks
 	ns       *netns.NS
+	// hcServed is what the service health check servers were last told;
+	// only the sync goroutine touches it.
+	hcServed map[model.ServiceName]healthcheck.ServiceHealth
+	hcFailed bool // the last health check Sync failed: try it again
 
 	mu             sync.Mutex
 	servicesSynced bool
@@ -66,6 +71,8 @@ type family struct {
 	// local endpoint (noLocalInternal, noLocalExternal), so that the
 	// gauge follows changes without a walk over every service.
 	noLocal map[model.ServicePortName]uint8
+	// full is set by prepare when this sync rewrites everything.
+	full bool
 	// nInternal and nExternal count noLocal's entries with each bit.
 	nInternal, nExternal int
 	// health holds the service ports that have a health check node port
@@ -366,7 +373,6 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	}
 	e.mu.Unlock()
 
-	ok = true
 	for i, f := range e.families {
 		for name := range results[i].Changed {
 			f.changed[name] = struct{}{}
@@ -374,11 +380,25 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 		if topoChanged {
 			f.needFull = true
 		}
-		if !e.syncFamily(ctx, f, periodic, topo, nodeIPs) {
+		f.prepare(periodic, topo)
+	}
+	// Health check node ports answer in the safe order around the
+	// dataplane: a count that falls is served before the backends stop
+	// sending traffic to the local endpoints that left, a count that
+	// rises only after they accept it.
+	want := e.wantServiceHealth()
+	e.serveServiceHealth(lowerServiceHealth(e.hcServed, want))
+	ok = true
+	for _, f := range e.families {
+		if !e.syncFamily(ctx, f, nodeIPs) {
 			ok = false
 		}
 	}
 	if ok {
+		// A failed sync leaves the lowered counts: the dataplane may be
+		// in its old or its new state, and the lower count is true of
+		// both.
+		e.serveServiceHealth(want)
 		e.mu.Lock()
 		if seq > e.syncedSeq {
 			e.syncedSeq = seq
@@ -388,6 +408,8 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 			e.metrics.programming.Observe(e.health.LastSync.Sub(t).Seconds())
 		}
 		e.health.OldestPending = e.pendingAfter
+		// Flush waiters wake once the dataplane and the health check
+		// node ports both match what was synced.
 		for _, w := range e.waiters {
 			select {
 			case w <- struct{}{}:
@@ -403,14 +425,16 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 		e.triggerTimes = append(triggers, e.triggerTimes...)
 	}
 	e.mu.Unlock()
-	e.syncServiceHealth()
 	return ok, true
 }
 
-func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo Topology, nodeIPs []netip.Addr) bool {
+// prepare brings the family's targets and health check counts up to its
+// tracker's state: every service port on a full sync (needFull or
+// periodic), else the changed ones.
+func (f *family) prepare(periodic bool, topo Topology) {
 	state := f.tracker.State()
-	full := f.needFull || periodic
-	if full {
+	f.full = f.needFull || periodic
+	if f.full {
 		// Recompute every target: topology or policies may have moved.
 		next := make(map[model.ServicePortName]*Targets, len(state.Services))
 		for name, sp := range state.Services {
@@ -426,26 +450,28 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 			}
 		}
 		f.targets = next
-	} else {
-		for name := range f.changed {
-			sp, ok := state.Services[name]
-			if !ok {
-				delete(f.targets, name)
-				continue
-			}
-			f.targets[name] = SelectTargets(sp, state.Endpoints[name], topo)
-		}
-	}
-	if full {
 		clear(f.health)
 		for name, sp := range state.Services {
 			f.updateHealth(name, sp, state.Endpoints[name])
 		}
-	} else {
-		for name := range f.changed {
-			f.updateHealth(name, state.Services[name], state.Endpoints[name])
-		}
+		return
 	}
+	for name := range f.changed {
+		sp, ok := state.Services[name]
+		if !ok {
+			delete(f.targets, name)
+		} else {
+			f.targets[name] = SelectTargets(sp, state.Endpoints[name], topo)
+		}
+		f.updateHealth(name, sp, state.Endpoints[name])
+	}
+}
+
+// syncFamily programs what prepare left in f into its backend and
+// reports whether the backend took it.
+func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr) bool {
+	state := f.tracker.State()
+	full := f.full
 	var ips []netip.Addr
 	for _, ip := range nodeIPs {
 		if f.backend.Family().Contains(ip) {
@@ -498,11 +524,18 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, periodic bool, topo 
 	return true
 }
 
-// syncServiceHealth opens, closes and updates the health check servers of
-// Services with externalTrafficPolicy Local.
-func (e *Engine) syncServiceHealth() {
+// serviceHealthServers is what the engine needs of the service health
+// check servers ([healthcheck.ServiceServers]).
+type serviceHealthServers interface {
+	Sync(map[model.ServiceName]healthcheck.ServiceHealth) error
+	Close()
+}
+
+// wantServiceHealth is what the health check servers of Services with
+// externalTrafficPolicy Local should answer once every family is synced.
+func (e *Engine) wantServiceHealth() map[model.ServiceName]healthcheck.ServiceHealth {
 	if e.svcHC == nil {
-		return
+		return nil
 	}
 	want := map[model.ServiceName]healthcheck.ServiceHealth{}
 	for _, f := range e.families {
@@ -513,9 +546,37 @@ func (e *Engine) syncServiceHealth() {
 			want[name.ServiceName] = h
 		}
 	}
-	if err := e.svcHC.Sync(want); err != nil {
+	return want
+}
+
+// lowerServiceHealth is what the health check servers may answer while
+// the dataplane moves from what served describes to what want does: each
+// Service keeps its served port with the lower of both counts (0 when it
+// is leaving), and a Service that is new gets no server yet.
+func lowerServiceHealth(served, want map[model.ServiceName]healthcheck.ServiceHealth) map[model.ServiceName]healthcheck.ServiceHealth {
+	low := make(map[model.ServiceName]healthcheck.ServiceHealth, len(served))
+	for name, h := range served {
+		if w, ok := want[name]; ok {
+			h.LocalEndpoints = min(h.LocalEndpoints, w.LocalEndpoints)
+		} else {
+			h.LocalEndpoints = 0
+		}
+		low[name] = h
+	}
+	return low
+}
+
+// serveServiceHealth opens, closes and updates the health check servers
+// so that they answer want, unless they already do.
+func (e *Engine) serveServiceHealth(want map[model.ServiceName]healthcheck.ServiceHealth) {
+	if e.svcHC == nil || (!e.hcFailed && maps.Equal(want, e.hcServed)) {
+		return
+	}
+	err := e.svcHC.Sync(want)
+	if err != nil {
 		e.log.Warn("service health checks", "err", err)
 	}
+	e.hcServed, e.hcFailed = want, err != nil
 }
 
 // AnnotationTriggerTime is the EndpointSlice annotation the control plane
