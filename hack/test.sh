@@ -13,7 +13,7 @@ else
 	missing=()
 	# clang-19/llvm-19/libbpf-dev: the eBPF backend's test that the
 	# committed objects match their C sources.
-	for tool in ip:iproute2 nft:nftables iptables:iptables conntrack:conntrack ipset:ipset \
+	for tool in ip:iproute2 nft:nftables iptables:iptables conntrack:conntrack \
 		clang-19:clang-19 llvm-strip-19:llvm-19 /usr/include/bpf/bpf_helpers.h:libbpf-dev /usr/include/linux/bpf.h:linux-libc-dev; do
 		t="${tool%%:*}"
 		if [ "${t#/}" != "$t" ]; then [ -e "$t" ] || missing+=("${tool#*:}"); continue; fi

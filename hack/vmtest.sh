@@ -11,7 +11,7 @@
 # failed, N skipped") and exits non-zero when a test failed. Installs the
 # Debian packages it needs if they are missing: qemu-system-x86,
 # busybox-static, and the tools the tests run, which are copied into the
-# VM (iproute2, nftables, iptables, ipset, conntrack). The kernel package
+# VM (iproute2, nftables, iptables, conntrack). The kernel package
 # is downloaded with apt-get download (never installed) and cached in
 # $PROXYKIT_VMTEST_CACHE (default $XDG_CACHE_HOME/proxykit-vmtest or
 # ~/.cache/proxykit-vmtest). Flags: go run ./internal/vmtest/cmd/vmtest -h.
@@ -25,7 +25,7 @@ missing=()
 for pkg in qemu-system-x86 busybox-static; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
-for tool in ip:iproute2 nft:nftables iptables:iptables ipset:ipset conntrack:conntrack; do
+for tool in ip:iproute2 nft:nftables iptables:iptables conntrack:conntrack; do
 	command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

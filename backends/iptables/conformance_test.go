@@ -1,7 +1,6 @@
 package iptables_test
 
 import (
-	"os"
 	"testing"
 
 	"github.com/proxykit/proxykit/backends/iptables"
@@ -22,13 +21,9 @@ func TestConformance(t *testing.T) {
 	}, proxiertest.Options{})
 }
 
-// TestConformanceLegacy runs the suite against iptables-legacy when
-// PROXYKIT_IPTABLES_LEGACY=1 is set; it would double the run time of the
-// package's tests otherwise.
+// TestConformanceLegacy runs the suite against iptables-legacy, which
+// kube-proxy's iptables mode still uses on many hosts.
 func TestConformanceLegacy(t *testing.T) {
-	if os.Getenv("PROXYKIT_IPTABLES_LEGACY") != "1" {
-		t.Skip("set PROXYKIT_IPTABLES_LEGACY=1 to run the suite against iptables-legacy")
-	}
 	proxiertest.Run(t, func(t testing.TB, cfg proxier.Config) proxier.Proxier {
 		p, err := iptables.New(iptables.Config{Config: cfg, Mode: iptables.ModeLegacy})
 		if err != nil {

@@ -6,7 +6,7 @@
 // [Run] builds the test binaries of some packages with CGO_ENABLED=0 go
 // test -c, packs an initramfs (newc cpio, written here) holding a static
 // busybox as init, the kernel modules the tests need and the host's ip,
-// nft, iptables, ipset and conntrack programs with their shared libraries,
+// nft, iptables and conntrack programs with their shared libraries,
 // boots the kernel with qemu-system-x86_64 -accel tcg, and runs each
 // binary with -test.v=test2json. The binaries and their results travel
 // through a 9p share (-virtfs); the module's source tree is shared

@@ -19,7 +19,7 @@ import (
 // binaries (dynamically linked against glibc), so the VM runs exactly what
 // a Debian 12 node runs. Missing ones are left out with a warning.
 var HostTools = []string{
-	"ip", "nft", "ipset", "conntrack",
+	"ip", "nft", "conntrack",
 	"iptables", "iptables-save", "iptables-restore",
 	"ip6tables", "ip6tables-save", "ip6tables-restore",
 	"iptables-legacy", "iptables-legacy-save", "iptables-legacy-restore",
