@@ -56,8 +56,10 @@ type Config struct {
 	// healthCheckNodePort of Services with externalTrafficPolicy Local.
 	NoServiceHealthChecks bool
 	// HealthTimeout is how long an event may wait to be programmed before
-	// the proxier reports itself unhealthy (see [HealthHandler]). Zero
-	// means DefaultHealthTimeout.
+	// the proxier reports itself unhealthy (see [HealthHandler]). The
+	// first sync counts as pending from New, so a proxier whose initial
+	// Service and EndpointSlice lists do not arrive within it turns
+	// unhealthy too. Zero means DefaultHealthTimeout.
 	HealthTimeout time.Duration
 
 	// Logger receives the proxier's logs. Nil discards them.

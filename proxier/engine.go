@@ -110,6 +110,10 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		log:    cfg.Logger.With("backend", backends[0].Name()),
 		runner: newRunner(cfg.MinSyncInterval, cfg.SyncPeriod, cfg.RetryInterval),
 		topo:   Topology{NodeName: cfg.NodeName},
+		// Nothing is programmed yet: the first sync is pending from
+		// now, so /healthz turns 503 when the initial lists do not
+		// arrive within the health timeout.
+		health: Health{OldestPending: time.Now()},
 	}
 	e.metrics = newMetrics(cfg.Registerer, backends[0].Name())
 	// Bad objects are logged per object; a flood of them is rate limited.

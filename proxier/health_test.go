@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,5 +83,39 @@ func TestEngineHealthTracksPendingEvents(t *testing.T) {
 	}
 	if e.Health().Healthy(time.Now(), time.Minute) {
 		t.Fatal("terminating node reported healthy")
+	}
+}
+
+// TestEngineHealthBeforeFirstSync checks that a proxier that never gets
+// its initial lists is healthy only within the health timeout, like
+// kube-proxy's start-up grace, and reports that nothing is synced yet.
+func TestEngineHealthBeforeFirstSync(t *testing.T) {
+	r := newRecorder(model.IPv4)
+	e, _ := newTestEngine(t, Config{MinSyncInterval: 10 * time.Millisecond}, r)
+	h := e.Health()
+	if h.OldestPending.IsZero() || !h.LastSync.IsZero() {
+		t.Fatalf("before the first sync: %+v; want the first sync pending and no LastSync", h)
+	}
+	now := time.Now()
+	if !h.Healthy(now, time.Minute) {
+		t.Error("unhealthy within the timeout after start")
+	}
+	if h.Healthy(now.Add(2*time.Minute), time.Minute) {
+		t.Error("healthy after the timeout without the initial lists")
+	}
+	rec := httptest.NewRecorder()
+	HealthHandler(e, time.Nanosecond).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), `"pending":true`) || !strings.Contains(rec.Body.String(), `"lastUpdated":"0001-01-01T00:00:00Z"`) {
+		t.Errorf("/healthz without the initial lists after the timeout: %d %s", rec.Code, rec.Body.String())
+	}
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := e.Health(); !h.OldestPending.IsZero() || h.LastSync.IsZero() {
+		t.Fatalf("after the first sync: %+v", h)
 	}
 }

@@ -6,6 +6,9 @@
 //
 // [Load] parses a file; [Source] delivers its objects to a Proxier and, when
 // watching, compares the file again every interval and delivers the
-// difference as add, update and delete events. A document that does not
-// parse is reported with its position and skipped; the others still load.
+// difference as add, update and delete events. [Parse] reports a document
+// that does not parse with its position, kind and name, and returns the
+// others; [Source] applies a file only when it parses completely and holds
+// at least one document, so that a file caught half-written or truncated
+// never deletes what it does not mention.
 package static

@@ -26,17 +26,36 @@ type Objects struct {
 	Services       []*v1.Service
 	EndpointSlices []*discoveryv1.EndpointSlice
 	Nodes          []*v1.Node
+	// Documents counts the documents that named a kind, of any kind (a
+	// List, even an empty one, counts once). A file without any, such as
+	// an empty or comment-only file, says nothing about what it would
+	// replace.
+	Documents int
 }
 
 // DocumentError is a document that could not be used.
 type DocumentError struct {
 	// Index is the document's position in the file, from 0.
 	Index int
+	// Kind and Name (namespace/name, or name) identify the document when
+	// they could be read; either may be empty.
+	Kind, Name string
 	// Err says why.
 	Err error
 }
 
-func (e *DocumentError) Error() string { return fmt.Sprintf("document %d: %v", e.Index, e.Err) }
+func (e *DocumentError) Error() string {
+	what := fmt.Sprintf("document %d", e.Index)
+	switch {
+	case e.Kind != "" && e.Name != "":
+		what += fmt.Sprintf(" (%s %s)", e.Kind, e.Name)
+	case e.Kind != "":
+		what += fmt.Sprintf(" (%s)", e.Kind)
+	case e.Name != "":
+		what += fmt.Sprintf(" (%s)", e.Name)
+	}
+	return what + ": " + e.Err.Error()
+}
 
 // Unwrap returns the underlying error.
 func (e *DocumentError) Unwrap() error { return e.Err }
@@ -45,12 +64,25 @@ type typeMeta struct {
 	APIVersion string            `json:"apiVersion"`
 	Kind       string            `json:"kind"`
 	Items      []json.RawMessage `json:"items"`
+	Metadata   struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	} `json:"metadata"`
+}
+
+// name is the document's namespace/name, or name, or "".
+func (tm *typeMeta) name() string {
+	if tm.Metadata.Namespace != "" && tm.Metadata.Name != "" {
+		return tm.Metadata.Namespace + "/" + tm.Metadata.Name
+	}
+	return tm.Metadata.Name
 }
 
 // Parse reads every YAML (or JSON) document of r. Documents of other kinds
 // are ignored; a `kind: List` is unpacked. It returns the objects it could
-// use and, joined, a [*DocumentError] for each document it could not; an
-// I/O error is returned alone.
+// use and, joined, a [*DocumentError] for each document it could not,
+// naming it by position and, when readable, kind and name; an I/O error
+// is returned alone.
 func Parse(r io.Reader) (*Objects, error) {
 	objs := &Objects{}
 	var errs []error
@@ -67,7 +99,12 @@ func Parse(r io.Reader) (*Objects, error) {
 			continue
 		}
 		if err := objs.add(doc); err != nil {
-			errs = append(errs, &DocumentError{Index: i, Err: err})
+			de := &DocumentError{Index: i, Err: err}
+			var tm typeMeta
+			if yaml.Unmarshal(doc, &tm) == nil {
+				de.Kind, de.Name = tm.Kind, tm.name()
+			}
+			errs = append(errs, de)
 		}
 	}
 	return objs, errors.Join(errs...)
@@ -78,18 +115,20 @@ func (o *Objects) add(doc []byte) error {
 	if err := yaml.Unmarshal(doc, &tm); err != nil {
 		return err
 	}
-	switch tm.Kind {
-	case "":
+	if tm.Kind == "" {
 		var v any
 		if err := yaml.Unmarshal(doc, &v); err == nil && v == nil {
 			return nil // empty or comment-only document
 		}
 		return errors.New("no kind")
+	}
+	o.Documents++
+	switch tm.Kind {
 	case "List", "ServiceList", "EndpointSliceList", "NodeList":
 		var errs []error
-		for _, item := range tm.Items {
+		for i, item := range tm.Items {
 			if err := o.add(item); err != nil {
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("item %d: %w", i, err))
 			}
 		}
 		return errors.Join(errs...)
@@ -136,6 +175,18 @@ func Load(path string) (*Objects, error) {
 }
 
 // Source delivers the objects of a file to a Proxier.
+//
+// Only a file that parses completely replaces what was delivered. A file
+// that is missing, cannot be read, has a document that does not parse,
+// or holds no document at all (empty, or comments only, as it is for a
+// moment while `>` or cp rewrites it) is no new information: the objects
+// delivered last stay in force, the reason is logged, and the file is
+// read again at the next interval. To remove every object, write a
+// document that says so, such as an empty List:
+//
+//	apiVersion: v1
+//	kind: List
+//	items: []
 type Source struct {
 	// Path is the file to read.
 	Path string
@@ -148,13 +199,23 @@ type Source struct {
 	services map[string]*v1.Service
 	slices   map[string]*discoveryv1.EndpointSlice
 	nodes    map[string]*v1.Node
-	last     []byte
+	last     []byte // the content last looked at, good or not
+	usable   bool   // last parsed completely and was delivered
+	// lastWarn and lastWarnAt rate-limit the warning about a file that
+	// stays unreadable.
+	lastWarn   string
+	lastWarnAt time.Time
 }
 
-// Run reads the file, delivers its objects to p, marks Services and
-// EndpointSlices synced, and then, when watching, delivers every change
-// until ctx is done. It returns the error of the first read only if the
-// file cannot be read at all.
+// readWarnInterval is how often an unchanged read error is logged again.
+const readWarnInterval = time.Minute
+
+// Run reads the file, delivers its objects to p, marks Services,
+// EndpointSlices and Nodes synced, and then, when watching, delivers every
+// change until ctx is done. Nothing is delivered or marked synced before
+// the file first parses completely: when watching, Run waits for that
+// (the file may appear later), logging why; without Watch it returns the
+// reason at once.
 func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 	log := s.Logger
 	if log == nil {
@@ -163,8 +224,23 @@ func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 	s.services = map[string]*v1.Service{}
 	s.slices = map[string]*discoveryv1.EndpointSlice{}
 	s.nodes = map[string]*v1.Node{}
-	if err := s.reload(p, log); err != nil {
+	s.last = nil
+	err := s.reload(p, log)
+	if err != nil && s.Watch <= 0 {
 		return err
+	}
+	var t *time.Ticker
+	if s.Watch > 0 {
+		t = time.NewTicker(s.Watch)
+		defer t.Stop()
+	}
+	for err != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			err = s.reload(p, log)
+		}
 	}
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
@@ -172,33 +248,57 @@ func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 	if s.Watch <= 0 {
 		return nil
 	}
-	t := time.NewTicker(s.Watch)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if err := s.reload(p, log); err != nil {
-				log.Warn("static source: cannot read file; keeping the last objects", "path", s.Path, "err", err)
-			}
+			_ = s.reload(p, log)
 		}
 	}
 }
 
+// errUnchanged is reload's answer when the file holds what it held at the
+// last look and that was not usable.
+var errUnchanged = errors.New("static source: file unchanged")
+
+// reload reads the file and, when it parses completely, delivers the
+// difference. It returns nil when the objects delivered match the file,
+// else why not (logged once per content, or per readWarnInterval for a
+// read error).
 func (s *Source) reload(p proxier.Proxier, log *slog.Logger) error {
 	data, err := os.ReadFile(s.Path)
 	if err != nil {
+		if msg := err.Error(); msg != s.lastWarn || time.Since(s.lastWarnAt) >= readWarnInterval {
+			s.lastWarn, s.lastWarnAt = msg, time.Now()
+			log.Warn("static source: cannot read file; keeping the objects delivered last", "path", s.Path, "err", err)
+		}
+		s.last = nil
 		return err
 	}
-	if s.last != nil && bytes.Equal(data, s.last) {
-		return nil
+	if s.lastWarn != "" {
+		log.Info("static source: file readable again", "path", s.Path)
+		s.lastWarn = ""
 	}
-	s.last = data
+	if s.last != nil && bytes.Equal(data, s.last) {
+		if s.usable {
+			return nil
+		}
+		return errUnchanged
+	}
+	s.last, s.usable = data, false
 	objs, err := Parse(bytes.NewReader(data))
 	if err != nil {
-		log.Warn("static source: skipped documents", "path", s.Path, "err", err)
+		err = fmt.Errorf("static source: %s does not parse completely: %w", s.Path, err)
+		log.Warn("static source: file does not parse completely; keeping the objects delivered last until it does", "path", s.Path, "err", err)
+		return err
 	}
+	if objs.Documents == 0 {
+		err = fmt.Errorf("static source: %s holds no document (an empty List removes every object)", s.Path)
+		log.Warn("static source: file holds no document; keeping the objects delivered last (write an empty List to remove every object)", "path", s.Path, "bytes", len(data))
+		return err
+	}
+	s.usable = true
 	s.deliver(p, objs)
 	return nil
 }

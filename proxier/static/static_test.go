@@ -1,12 +1,15 @@
 package static
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,3 +133,165 @@ func TestSourceWatchDeliversDifferences(t *testing.T) {
 	}
 	waitFor([]string{"eps~ web-1", "svc- dns"})
 }
+
+// watched runs a Source on a file in a temporary directory, watching it
+// every 5 ms, and records its events and its log.
+type watched struct {
+	t    *testing.T
+	path string
+	ev   *fakeproxier.Events
+	log  *syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe for the log handler and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func watch(t *testing.T, content *string) *watched {
+	t.Helper()
+	w := &watched{t: t, path: filepath.Join(t.TempDir(), "svc.yaml"), ev: &fakeproxier.Events{}, log: &syncBuffer{}}
+	if content != nil {
+		w.write(*content)
+	}
+	src := &Source{Path: w.path, Watch: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(w.log, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, w.ev) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+func (w *watched) write(content string) {
+	w.t.Helper()
+	if err := os.WriteFile(w.path, []byte(content), 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// settle waits until the source has looked at the file's current content
+// at least twice (it reads every 5 ms), then returns the events since the
+// last call.
+func (w *watched) settle() []string {
+	time.Sleep(100 * time.Millisecond)
+	got := w.ev.Take()
+	slices.Sort(got)
+	return got
+}
+
+// waitLog waits until the log holds want.
+func (w *watched) waitLog(want string) {
+	w.t.Helper()
+	for range 400 {
+		if strings.Contains(w.log.String(), want) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	w.t.Fatalf("log never said %q; log:\n%s", want, w.log.String())
+}
+
+var initialEvents = []string{"eps synced", "eps+ web-1", "node synced", "svc synced", "svc+ dns", "svc+ web"}
+
+// TestSourceKeepsStateOnUnusableFile checks that an empty, comment-only,
+// truncated or otherwise broken file removes nothing, says why in the
+// log, and that the file applies once it parses again.
+func TestSourceKeepsStateOnUnusableFile(t *testing.T) {
+	content := manifest
+	w := watch(t, &content)
+	if got := w.settle(); !slices.Equal(got, initialEvents) {
+		t.Fatalf("events = %v, want %v", got, initialEvents)
+	}
+	cut := manifest[:strings.Index(manifest, "  conditions: {ready: true}")] + "  conditions: {ready: tr"
+	for _, bad := range []struct{ name, content, log string }{
+		{"empty", "", "file holds no document"},
+		{"whitespace and comments", "\n# rewritten soon\n---\n", "file holds no document"},
+		{"cut in a document", cut, "does not parse completely"},
+		{"unknown field", strings.Replace(manifest, "clusterIP: 10.96.0.53", "clusterIPz: 10.96.0.53", 1), `document 4 (List): item 0: Service: error unmarshaling JSON`},
+		{"no kind", manifest + "---\nmetadata: {name: x}\n", "document 5 (x): no kind"},
+	} {
+		w.write(bad.content)
+		w.waitLog(bad.log)
+		if got := w.settle(); len(got) != 0 {
+			t.Errorf("%s file: events %v, want none", bad.name, got)
+		}
+	}
+	// The good file again: nothing changed since the objects delivered
+	// last, so nothing is delivered.
+	w.write(manifest)
+	if got := w.settle(); len(got) != 0 {
+		t.Errorf("good file again: events %v, want none", got)
+	}
+	// A change after a bad file applies.
+	w.write("")
+	w.waitLog("file holds no document")
+	w.write(manifest[:strings.Index(manifest, "apiVersion: v1\nkind: List")])
+	if got, want := w.settle(), []string{"svc- dns"}; !slices.Equal(got, want) {
+		t.Errorf("good file after an empty one: events %v, want %v", got, want)
+	}
+	// An empty List says there is nothing: everything goes.
+	w.write("apiVersion: v1\nkind: List\nitems: []\n")
+	if got, want := w.settle(), []string{"eps- web-1", "svc- web"}; !slices.Equal(got, want) {
+		t.Errorf("empty List: events %v, want %v", got, want)
+	}
+}
+
+// TestSourceWaitsForFile checks that a watched file missing at start is
+// read once it appears, that nothing is marked synced before, and that
+// the missing file is not logged at every look.
+func TestSourceWaitsForFile(t *testing.T) {
+	w := watch(t, nil)
+	w.waitLog("cannot read file")
+	if got := w.settle(); len(got) != 0 {
+		t.Fatalf("events before the file exists: %v, want none", got)
+	}
+	if n := strings.Count(w.log.String(), "cannot read file"); n != 1 {
+		t.Errorf("missing file logged %d times in over 20 looks, want once", n)
+	}
+	// A file that appears broken is still not applied.
+	w.write("")
+	w.waitLog("file holds no document")
+	if got := w.settle(); len(got) != 0 {
+		t.Fatalf("events for an empty file: %v, want none", got)
+	}
+	w.write(manifest)
+	if got := w.settle(); !slices.Equal(got, initialEvents) {
+		t.Fatalf("events once the file exists = %v, want %v", got, initialEvents)
+	}
+}
+
+// TestSourceOnceFailsOnUnusableFile checks that a source that reads once
+// returns why instead of marking an unusable file synced.
+func TestSourceOnceFailsOnUnusableFile(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]*string{"missing": nil, "empty": ptr(""), "broken": ptr(manifest + "---\nkind: Service\nspec: 3\n")} {
+		path := filepath.Join(dir, name+".yaml")
+		if content != nil {
+			if err := os.WriteFile(path, []byte(*content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ev := &fakeproxier.Events{}
+		if err := (&Source{Path: path}).Run(context.Background(), ev); err == nil {
+			t.Errorf("%s file: Run returned nil", name)
+		}
+		if got := ev.Take(); len(got) != 0 {
+			t.Errorf("%s file: events %v, want none", name, got)
+		}
+	}
+}
+
+func ptr(s string) *string { return &s }
