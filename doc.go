@@ -27,4 +27,9 @@
 // process can run several proxiers (one per pod network, say) without
 // touching its own namespace. proxier/proxiertest holds the conformance
 // suite that proves a backend with real traffic in throwaway namespaces.
+//
+// docs/ARCHITECTURE.md in the repository describes the architecture in
+// more depth: the seams, the data flow from Services and EndpointSlices to
+// the kernel, the sync loop, the import rule between packages and what
+// each package owns.
 package proxykit

@@ -28,6 +28,13 @@ else
 	# etcd-server from apt, kube-apiserver built once into
 	# /var/cache/proxykit (~8 min the first time, reused afterwards).
 	hack/testcluster/build.sh >/dev/null
+	# Test namespaces are bind-mounted in /run/netns, which is made a
+	# shared mount point first (as `ip netns add` does), so that a
+	# namespace's unmount reaches the copies of processes in other mount
+	# namespaces (`ip netns exec`); internal/testnet does the same, and
+	# doing it here first leaves no race with the tests' own `ip netns add`.
+	mkdir -p /run/netns
+	mount --make-shared /run/netns 2>/dev/null || { mount --bind /run/netns /run/netns && mount --make-shared /run/netns; }
 fi
 
 go test -count=1 -timeout 25m "$@" ./...

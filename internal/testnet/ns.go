@@ -132,10 +132,51 @@ func (n *NS) closeTracked() {
 	}
 }
 
+// shareNetNSDir makes NetNSDir a mount point with shared propagation, as
+// `ip netns add` does, before the first namespace is mounted in it.
+//
+// Otherwise two things keep a namespace's mount alive after its
+// unmount, and removing its file fails with EBUSY: a process that runs
+// in a mount namespace of its own (`ip netns exec` makes one) holds a
+// private copy of every mount under the directory, and `ip netns add`
+// turns the directory into a bind mount of itself, which hides, but
+// keeps, every namespace mounted before. Both happen when other tests
+// run beside these ones, and more often under load, when such processes
+// live longer. With shared propagation an unmount reaches the copies,
+// and `ip netns add` finds the directory already prepared.
+//
+// A lock file serialises the check between test processes.
+func shareNetNSDir() error {
+	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(filepath.Dir(NetNSDir), ".proxykit-netns.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	defer unix.Flock(int(lock.Fd()), unix.LOCK_UN)
+	err = unix.Mount("", NetNSDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if !errors.Is(err, unix.EINVAL) {
+		return err // done, or a real failure
+	}
+	// Not a mount point yet: make it one, then shared.
+	if err := unix.Mount(NetNSDir, NetNSDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind mount %s on itself: %w", NetNSDir, err)
+	}
+	if err := unix.Mount("", NetNSDir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", NetNSDir, err)
+	}
+	return nil
+}
+
 // createNS creates a network namespace bind-mounted at NetNSDir/name.
 func createNS(name string) (*NS, error) {
-	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
-		return nil, err
+	if err := shareNetNSDir(); err != nil {
+		return nil, fmt.Errorf("create namespace %s: prepare %s: %w", name, NetNSDir, err)
 	}
 	path := filepath.Join(NetNSDir, name)
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
