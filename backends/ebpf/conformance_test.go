@@ -82,7 +82,7 @@ func socketOnlySkips() map[string]string {
 		"ExternalTrafficPolicyLocal-SourcePreserved", "ExternalTrafficPolicyLocal-NoLocalEndpointsDrops",
 		"InternalTrafficPolicyLocal", "InternalTrafficPolicyLocal-NoLocalEndpointsDrops",
 		"Masquerade-ExternalToRemoteEndpoint", "SessionAffinity-Sticks", "Coexistence",
-		"Restart-EstablishedTCPSurvives", "Cleanup-RemovesEverything", "Cleanup-ByNewInstance", "DualStack",
+		"Restart-EstablishedTCPSurvives", "Restart-NewConnectionsSurvive", "Cleanup-RemovesEverything", "Cleanup-ByNewInstance", "DualStack",
 	} {
 		skip[c] = fromClient
 	}

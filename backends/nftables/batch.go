@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
@@ -687,3 +688,67 @@ func (c *conn) tableExists(fam byte, table string) (bool, error) {
 
 // be32 encodes v big endian.
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+
+// chains lists the names of the table's chains, and reports whether the
+// table exists: what a first sync needs to take over a table that an
+// earlier process filled.
+func (c *conn) chains(fam byte, table string) (names []string, exists bool, err error) {
+	if exists, err = c.tableExists(fam, table); err != nil || !exists {
+		return nil, exists, err
+	}
+	b := &batch{fam: fam, table: table}
+	b.open(nftSubsys|unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, fam)
+	b.str(unix.NFTA_CHAIN_TABLE, table)
+	b.close()
+	c.seq++
+	seq := c.seq
+	binary.NativeEndian.PutUint32(b.buf[8:], seq)
+	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, true, err
+	}
+	for {
+		n, err := c.recv()
+		if err != nil {
+			return nil, true, err
+		}
+		for off := 0; off+nlmsgHdrLen <= n; {
+			l := int(binary.NativeEndian.Uint32(c.recvBuf[off:]))
+			if l < nlmsgHdrLen || off+l > n {
+				break
+			}
+			typ := binary.NativeEndian.Uint16(c.recvBuf[off+4:])
+			s := binary.NativeEndian.Uint32(c.recvBuf[off+8:])
+			if s == seq {
+				switch typ {
+				case unix.NLMSG_DONE:
+					return names, true, nil
+				case unix.NLMSG_ERROR:
+					errno := -int32(binary.NativeEndian.Uint32(c.recvBuf[off+nlmsgHdrLen:]))
+					if errno == 0 {
+						return names, true, nil
+					}
+					return nil, true, fmt.Errorf("list chains: %w", unix.Errno(errno))
+				case nftSubsys | unix.NFT_MSG_NEWCHAIN:
+					// Attributes follow the nfgenmsg header.
+					var tbl, name string
+					ad, err := netlink.NewAttributeDecoder(c.recvBuf[off+nlmsgHdrLen+4 : off+l])
+					if err != nil {
+						return nil, true, fmt.Errorf("list chains: %w", err)
+					}
+					for ad.Next() {
+						switch ad.Type() {
+						case unix.NFTA_CHAIN_TABLE:
+							tbl = ad.String()
+						case unix.NFTA_CHAIN_NAME:
+							name = ad.String()
+						}
+					}
+					if tbl == table && name != "" {
+						names = append(names, name)
+					}
+				}
+			}
+			off += align4(l)
+		}
+	}
+}

@@ -32,9 +32,14 @@
 // A backend owns its table and nothing else: other tables of the namespace
 // survive every sync and [proxier.Backend.Cleanup]. Every sync is one
 // transaction; when the kernel rejects it, the previous rules stay in
-// force. The first full sync of a process replaces the table's contents
-// in the same transaction that deletes the old ones, so established
-// connections (tracked by conntrack) survive a restart. Incremental syncs
+// force. No sync deletes a table that exists: a full sync flushes its
+// chains and sets and fills them again in one transaction, and the first
+// full sync of a process takes over a table an earlier process left the
+// same way (chains no service port needs are deleted), so that neither
+// new nor established connections fail across a restart. Only a table the
+// kernel refuses to take over in place (an earlier version's, with other
+// set definitions) is deleted and created again, in the transaction that
+// fills it. Incremental syncs
 // send only the difference for the changed service ports, computed from
 // state kept in memory: they never read the kernel. A full sync re-asserts
 // everything, and recreates the table if it was deleted behind the

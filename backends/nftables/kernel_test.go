@@ -333,6 +333,62 @@ func TestKernel(t *testing.T) {
 		cleanupAndCheck(t, b2, topo.node)
 	})
 
+	t.Run("TakeOverInPlace", func(t *testing.T) {
+		// A new process takes the table over without deleting it:
+		// the chains of service ports that are gone go, the table
+		// stays (its handle does not change).
+		gone := clusterSvc("gone", model.TCP, "10.96.5.3", 80, pod1v4)
+		gone.Port.SessionAffinity = true // a chain of its own
+		gone.Port.AffinityTimeout = 60 * time.Second
+		kept := clusterSvc("kept", model.TCP, "10.96.5.4", 80, pod2v4)
+		b1 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b1, request(model.IPv4, []testSvc{gone, kept}, nil))
+		before, err := topo.node.nft("-a", "list", "table", "ip", "proxykit")
+		if err != nil || !strings.Contains(before, svcChain(gone.Port.Name)) {
+			t.Fatalf("before: %v\n%s", err, before)
+		}
+		b1.Close()
+		b2 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b2, request(model.IPv4, []testSvc{kept}, nil))
+		after, err := topo.node.nft("-a", "list", "table", "ip", "proxykit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(after, svcChain(gone.Port.Name)) {
+			t.Errorf("the chain of a service port that is gone survived the take-over:\n%s", after)
+		}
+		if h1, h2 := strings.SplitN(before, "\n", 2)[0], strings.SplitN(after, "\n", 2)[0]; h1 != h2 {
+			t.Errorf("the table was replaced: %q, then %q", h1, h2)
+		}
+		if a, err := askTCP(topo.pod1, ap("10.96.5.4:80"), longWait); err != nil || a.pod != "pod2" {
+			t.Fatalf("after the take-over: %v %v", a, err)
+		}
+		if _, err := askTCP(topo.pod1, ap("10.96.5.3:80"), shortWait); err == nil {
+			t.Fatal("a service that is gone still answers")
+		}
+		cleanupAndCheck(t, b2, topo.node)
+	})
+
+	t.Run("TakeOverDifferingTableReplaces", func(t *testing.T) {
+		// A table of the same name whose set has another type (an
+		// earlier version's): taking it over in place fails, so the
+		// table is replaced, in one transaction.
+		if out, err := topo.node.nft("add table ip proxykit; add set ip proxykit cluster-ips { type inet_service; }; add chain ip proxykit leftover"); err != nil {
+			t.Fatal(out, err)
+		}
+		kept := clusterSvc("kept", model.TCP, "10.96.5.4", 80, pod2v4)
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b, request(model.IPv4, []testSvc{kept}, nil))
+		out, err := topo.node.nft("list", "table", "ip", "proxykit")
+		if err != nil || strings.Contains(out, "leftover") || strings.Contains(out, "inet_service;") {
+			t.Fatalf("the earlier table was not replaced: %v\n%s", err, out)
+		}
+		if a, err := askTCP(topo.pod1, ap("10.96.5.4:80"), longWait); err != nil || a.pod != "pod2" {
+			t.Fatalf("after replacing: %v %v", a, err)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
 	t.Run("NftListsRuleset", func(t *testing.T) {
 		// Operators debug with `nft list ruleset`: nft (1.0.6 here) must
 		// be able to print every rule the backend writes, affinity

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -162,31 +163,47 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 // rejected and tries again.
 const maxRetries = 3
 
-// syncFull converges the whole table. Without a known state (first sync of
-// this process, or the table went missing) it replaces the table in the
-// same transaction that fills it, so a restart never leaves a window
-// without rules. With a known state it re-asserts every chain, rule and
-// element but keeps the affinity map, so clients stay pinned.
+// syncFull converges the whole table in one transaction. It never
+// deletes a table that exists: it flushes every chain and set and fills
+// them again, deleting the chains no service port needs, so that no
+// packet meets a moment without rules. With a known state it keeps the
+// affinity maps, so clients stay pinned. A first sync of this process
+// (b.st nil) takes over a table an earlier process left the same way,
+// with the chains the kernel lists; only when the kernel refuses that
+// (an earlier version's table that differs in its definitions) is the
+// table deleted and created again in the same transaction.
 func (b *backend) syncFull(req *proxier.SyncRequest) error {
 	start := time.Now()
-	recreate := b.st == nil
-	if !recreate {
+	mode := fullInPlace
+	var stale []string
+	if b.st == nil {
+		chains, exists, err := b.conn.chains(b.fi.proto, b.cfg.TableName)
+		if err != nil {
+			return fmt.Errorf("nftables: list chains of table %s: %w", b.cfg.TableName, err)
+		}
+		mode, stale = fullCreate, nil
+		if exists {
+			mode, stale = fullTakeOver, staleOrder(chains)
+		}
+	} else {
 		exists, err := b.conn.tableExists(b.fi.proto, b.cfg.TableName)
 		if err != nil {
 			return fmt.Errorf("nftables: check table: %w", err)
 		}
 		if !exists {
 			b.log.Warn("table was deleted behind our back; recreating it")
-			recreate = true
+			mode = fullCreate
+		} else {
+			stale = b.st.chainNames()
 		}
 	}
 	skip := map[model.ServicePortName]error{}
 	for attempt := 0; ; attempt++ {
-		st, objErrs := b.buildFull(req, recreate, skip)
+		st, objErrs := b.buildFull(req, mode != fullInPlace, skip)
 		// After a failure nobody claimed, send each service port's
 		// elements in messages of their own, so the next failure names
 		// the service port.
-		tx, err := b.fullBatch(st, recreate, attempt > 0)
+		tx, err := b.fullBatch(st, mode, stale, attempt > 0)
 		if err != nil {
 			return err
 		}
@@ -197,13 +214,57 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 			b.last = syncStats{full: true, render: built.Sub(start), kernel: time.Since(built),
 				messages: tx.Len(), bytes: tx.Size(), services: len(st.services)}
 			b.log.Info("full sync", "services", len(st.services), "messages", tx.Len(), "bytes", tx.Size(),
-				"recreated", recreate, "render", built.Sub(start), "kernel", time.Since(built))
+				"mode", mode.String(), "render", built.Sub(start), "kernel", time.Since(built))
 			return proxier.JoinObjectErrors(objErrs, skip)
+		}
+		if mode == fullTakeOver && !b.dropRejected(err, skip) {
+			b.log.Warn("kernel refused to take the table over in place; replacing it", "err", err)
+			mode, stale = fullReplace, nil
+			continue
 		}
 		if !b.dropRejected(err, skip) || attempt >= maxRetries {
 			return fmt.Errorf("nftables: full sync: %w", err)
 		}
 	}
+}
+
+// fullMode is how a full sync treats the table it finds.
+type fullMode int
+
+const (
+	// fullInPlace flushes and refills the table this process filled,
+	// keeping the affinity maps.
+	fullInPlace fullMode = iota
+	// fullTakeOver flushes and refills a table an earlier process
+	// filled, affinity maps included (their ids are that process's).
+	fullTakeOver
+	// fullCreate creates the table, which does not exist.
+	fullCreate
+	// fullReplace deletes the table and creates it again, in the
+	// transaction that fills it: the fallback when taking over fails.
+	fullReplace
+)
+
+func (m fullMode) String() string {
+	return [...]string{"in place", "take over", "create", "replace"}[m]
+}
+
+// staleOrder orders chain names for deletion: service chains are
+// reached from external chains, and shared chains from both, so each is
+// deleted after the chains that jump to it.
+func staleOrder(chains []string) []string {
+	rank := func(c string) int {
+		switch {
+		case strings.HasPrefix(c, "ext-"):
+			return 0
+		case strings.HasPrefix(c, "svc-"):
+			return 1
+		}
+		return 2
+	}
+	out := slices.Clone(chains)
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(rank(a), rank(b)) })
+	return out
 }
 
 // buildFull renders every service port of req into a new state. Service
@@ -283,18 +344,21 @@ func (st *state) allocID() uint32 {
 	return st.nextID - 1
 }
 
-// fullBatch builds the transaction that makes the kernel hold st.
-func (b *backend) fullBatch(st *state, recreate, perService bool) (*batch, error) {
+// fullBatch builds the transaction that makes the kernel hold st, given
+// how the table is to be treated and, unless it is created, the chains
+// it holds (in deletion order).
+func (b *backend) fullBatch(st *state, mode fullMode, stale []string, perService bool) (*batch, error) {
 	tx := newBatchSize(b.fi.proto, b.cfg.TableName, estimateBatch(st))
 	tx.addTable()
-	if recreate {
+	if mode == fullReplace {
 		tx.delTable()
 		tx.addTable()
 	}
+	fresh := mode == fullCreate || mode == fullReplace
 	specs := b.fi.setSpecs(b.cfg.AffinityMapSize)
 	for i, s := range specs {
 		tx.addSet(s, uint32(i+1))
-		if !recreate && !strings.HasPrefix(s.name, setAffinityPrefix) {
+		if !fresh && (mode == fullTakeOver || !strings.HasPrefix(s.name, setAffinityPrefix)) {
 			tx.flushSet(s.name)
 		}
 	}
@@ -324,7 +388,7 @@ func (b *backend) fullBatch(st *state, recreate, perService bool) (*batch, error
 		tx.addChain(c.name, nil)
 		want[c.name] = true
 	}
-	if !recreate {
+	if !fresh {
 		for _, c := range chains {
 			tx.flushChain(c.name)
 		}
@@ -333,7 +397,7 @@ func (b *backend) fullBatch(st *state, recreate, perService bool) (*batch, error
 		}
 		// Chains of the previous state that are gone.
 		tx.forService(nil)
-		for _, c := range b.st.chainNames() {
+		for _, c := range stale {
 			if !want[c] {
 				tx.delChain(c)
 			}

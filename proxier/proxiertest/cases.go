@@ -75,6 +75,7 @@ var cases = []testCase{
 	// Lifecycle.
 	{name: "Coexistence", needs: []string{"nft", "iptables", "iptables-save", "ip6tables", "ip6tables-save"}, run: coexistence},
 	{name: "Restart-EstablishedTCPSurvives", run: restart},
+	{name: "Restart-NewConnectionsSurvive", run: restartNewConnections},
 	{name: "Cleanup-RemovesEverything", needs: []string{"nft", "ip"}, run: cleanupRemovesEverything},
 	{name: "Cleanup-ByNewInstance", needs: []string{"nft", "ip"}, run: cleanupByNewInstance},
 	{name: "Cleanup-OnCleanNamespace", needs: []string{"nft", "ip"}, run: cleanupOnCleanNamespace},

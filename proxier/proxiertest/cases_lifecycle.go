@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/proxykit/proxykit/internal/testnet"
@@ -274,4 +275,100 @@ func cleanupOnCleanNamespace(e *env) {
 	e.cleanup()
 	e.sameSnapshot(before, "after Cleanup")
 	e.close()
+}
+
+// restartServices is how many services the restart-under-load case
+// programs besides its probed one, so that taking over the dataplane is
+// work of some size for every backend.
+const restartServices = 5000
+
+// restartProbeInterval spaces the new connections each prober opens: 50
+// a second.
+const restartProbeInterval = 500 * time.Microsecond
+
+// restartNewConnections kills a proxier that holds thousands of services
+// (Run stops and the proxier is closed without Cleanup, as a killed
+// process leaves the kernel) and starts a new one, which takes the
+// dataplane over, while new connections keep arriving from the node, a
+// pod and the outside client: not one may fail, before, between or after.
+func restartNewConnections(e *env) {
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	for i := range restartServices {
+		s := e.service(fmt.Sprintf("bulk-%04d", i))
+		e.apply(s, e.slicesFor(s, ready(p21)))
+	}
+	svc := e.service("probed", nodePorts(30080))
+	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
+	e.start()
+	ext := e.tn.Node1.ExternalIP(e.fam)
+	probes := []struct {
+		from *testnet.Host
+		d    dest
+	}{
+		{e.node1(), tcpTo(e.clusterIP(svc, 80))},
+		{&e.pod(1, 3).Host, tcpTo(e.clusterIP(svc, 80))},
+		{e.client(), tcpTo(addrPort(ext, 30080))},
+	}
+	type failure struct {
+		what string
+		at   time.Duration
+		r    testnet.Result
+	}
+	var (
+		mu       sync.Mutex
+		failures []failure
+		sent     = make([]int, len(probes))
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+		begin    = time.Now()
+	)
+	for i, p := range probes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(restartProbeInterval)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				r := e.probe(p.from, p.d, answerTimeout)
+				mu.Lock()
+				sent[i]++
+				if r.Outcome != testnet.Answered || r.Port != 8080 || (r.Server != p11.Name && r.Server != p21.Name) {
+					failures = append(failures, failure{fmt.Sprintf("%s -> %s", p.from.Name, p.d), time.Since(begin), r})
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	phase := func(what string) time.Duration {
+		d := time.Since(begin)
+		e.t.Logf("%v: %s", d.Round(time.Millisecond), what)
+		return d
+	}
+	time.Sleep(300 * time.Millisecond)
+	phase("killing the proxier")
+	e.stop()
+	e.close()
+	time.Sleep(300 * time.Millisecond)
+	phase("starting a new proxier")
+	e.start()
+	phase("the new proxier has synced")
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	for i, p := range probes {
+		// The probers ran for at least 0.9 s at 50 a second; a
+		// prober that sent far fewer was stalled, not probing.
+		if sent[i] < 30 {
+			e.t.Errorf("%s -> %s: only %d new connections during the restart", p.from.Name, p.d, sent[i])
+		}
+	}
+	for _, f := range failures {
+		e.t.Errorf("%v after the start: %s: %v; want an answer from %s or %s on port 8080", f.at.Round(time.Millisecond), f.what, f.r, p11.Name, p21.Name)
+	}
+	e.t.Logf("new connections: %v per prober, %d failed", sent, len(failures))
 }
