@@ -77,11 +77,16 @@ type Backend interface {
 	// Family is the IP family this backend programs.
 	Family() model.IPFamily
 	// Sync makes the dataplane match req. It returns nil when the
-	// dataplane matches; on error the previous dataplane must still be in
-	// force, and the engine retries later with a full request. Objects
-	// that cannot be programmed are reported with an [*ObjectError]
-	// (joined with errors.Join when several); the rest is still
-	// programmed, and the engine logs them without retrying.
+	// dataplane matches. On error the backend leaves the previous
+	// dataplane in force where it can, and says so by wrapping
+	// [ErrNotApplied]; the engine retries a failed partial sync at once
+	// as a full one, and a failed full one later. Objects that cannot be
+	// programmed are reported with an [*ObjectError] (joined with
+	// errors.Join when several); the rest is still programmed, and the
+	// engine logs them without retrying. Only a failure that belongs to
+	// the object is an ObjectError: one caused by the dataplane's state
+	// (a table or chain deleted behind the backend's back) fails the
+	// sync.
 	Sync(ctx context.Context, req *SyncRequest) error
 	// Cleanup removes everything the backend ever created in its
 	// namespace, whether this process created it or an earlier one.
@@ -128,6 +133,12 @@ type Targets struct {
 	// anywhere: its traffic is rejected.
 	HasEndpoints bool
 }
+
+// ErrNotApplied marks a sync error after which the kernel holds exactly
+// what it held before the sync, e.g. a transaction the kernel rejected
+// as a whole. Backends wrap it where they know this; the engine's log
+// then says that the previous dataplane stays in force.
+var ErrNotApplied = errors.New("nothing of the sync was applied")
 
 // ObjectError is a failure to program one object. The rest of the sync
 // went through.

@@ -483,20 +483,36 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 		}
 	}
 	req := &SyncRequest{Full: full, State: state, Targets: f.targets, Changed: f.changed, NodeIPs: ips}
+	fam := f.backend.Family().String()
 	start := time.Now()
 	err := f.backend.Sync(ctx, req)
-	fam := f.backend.Family().String()
 	log := e.log.With("family", fam, "full", full, "changed", len(f.changed))
 	e.metrics.pendingChanges.Set(float64(len(f.changed)))
+	if err != nil && !OnlyObjectErrors(err) && !full && ctx.Err() == nil {
+		// A partial sync failed: the kernel is not what the backend
+		// thought (a table deleted behind its back, say). Converge
+		// everything at once rather than after the retry interval.
+		e.metrics.observeSync(fam, false, time.Since(start), false)
+		log.Warn("partial sync failed; running a full sync at once", "err", err, "duration", time.Since(start))
+		full = true
+		req.Full = true
+		log = e.log.With("family", fam, "full", full, "changed", len(f.changed))
+		start = time.Now()
+		err = f.backend.Sync(ctx, req)
+	}
 	if err != nil && !OnlyObjectErrors(err) {
 		e.metrics.observeSync(fam, full, time.Since(start), false)
 		f.needFull = true
 		if ctx.Err() != nil {
 			// Stopping: not a failure of the dataplane.
-			log.Info("sync interrupted by shutdown; the previous dataplane stays in force", "err", err)
+			log.Info("sync interrupted by shutdown", "err", err)
 			return false
 		}
-		log.Error("sync failed; the previous dataplane stays in force", "err", err, "duration", time.Since(start))
+		if errors.Is(err, ErrNotApplied) {
+			log.Error("sync failed; the previous dataplane stays in force", "err", err, "duration", time.Since(start))
+		} else {
+			log.Error("sync failed; the dataplane may be partly updated until a full sync succeeds", "err", err, "duration", time.Since(start))
+		}
 		return false
 	}
 	if err != nil {

@@ -411,3 +411,35 @@ func TestEngineLocalPolicyBookkeeping(t *testing.T) {
 	e.OnEndpointSliceUpdate(nil, slice("internal", "node-b"))
 	check("internal remote again", 1, 0, -1)
 }
+
+// TestEngineFailedPartialSyncRetriesFullAtOnce checks that a partial sync
+// the backend fails (the kernel no longer matches what it remembers) is
+// followed at once by a full sync, not after the retry interval, and is
+// counted as a failed sync.
+func TestEngineFailedPartialSyncRetriesFullAtOnce(t *testing.T) {
+	r := newRecorder(model.IPv4)
+	e, _ := newTestEngine(t, Config{MinSyncInterval: 10 * time.Millisecond, RetryInterval: time.Hour, SyncPeriod: time.Hour}, r)
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+	r.wait(t, 1)
+	r.mu.Lock()
+	r.failNext = 1
+	r.mu.Unlock()
+	e.OnServiceAdd(testService("a", "10.96.0.1", 80))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v (the full sync waited for the retry interval)", err)
+	}
+	reqs := r.requests()
+	if len(reqs) != 3 || reqs[1].full || !reqs[2].full || len(reqs[2].changed) != 1 {
+		t.Fatalf("got %+v; want the initial sync, a failed partial one, then a full one with the change", reqs)
+	}
+	var m dto.Metric
+	if err := e.metrics.syncFailures.WithLabelValues("IPv4").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 1 {
+		t.Errorf("sync failures counted: %v, want 1", got)
+	}
+}

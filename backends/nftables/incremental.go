@@ -207,7 +207,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 			return proxier.JoinObjectErrors(objErrs, skip)
 		}
 		if !b.dropRejected(err, skip) || attempt >= maxRetries {
-			return fmt.Errorf("nftables: sync: %w", err)
+			return fmt.Errorf("nftables: sync: %w", notApplied(err))
 		}
 	}
 }

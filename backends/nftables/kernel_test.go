@@ -2,8 +2,11 @@ package nftables
 
 import (
 	"bufio"
+	"errors"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -331,6 +334,44 @@ func TestKernel(t *testing.T) {
 			t.Fatalf("after restoring the table: %v %v", a, err)
 		}
 		cleanupAndCheck(t, b2, topo.node)
+	})
+
+	t.Run("DeletedTableFailsPartialSync", func(t *testing.T) {
+		// A partial sync after the table was deleted behind the
+		// backend's back is a failed sync, not a service port the
+		// kernel rejected; the full sync that follows restores it.
+		a := clusterSvc("a", model.TCP, "10.96.5.5", 80, pod1v4)
+		c := clusterSvc("c", model.TCP, "10.96.5.6", 80, pod2v4)
+		c.Port.SessionAffinity = true // a chain of its own
+		c.Port.AffinityTimeout = time.Minute
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b, request(model.IPv4, []testSvc{a, c}, nil))
+		if out, err := topo.node.nft("delete", "table", "ip", "proxykit"); err != nil {
+			t.Fatal(out, err)
+		}
+		// Each change alone: an endpoint added (shared maps), a
+		// service port's own chain rewritten (messages that belong to
+		// it alone).
+		a2 := clusterSvc("a", model.TCP, "10.96.5.5", 80, pod1v4, pod2v4)
+		c2 := clusterSvc("c", model.TCP, "10.96.5.6", 80, pod2v4)
+		c2.Port.SessionAffinity = true
+		c2.Port.AffinityTimeout = 2 * time.Minute
+		for _, req := range []*proxier.SyncRequest{
+			request(model.IPv4, []testSvc{a2, c}, backendtest.Names(a2)),
+			request(model.IPv4, []testSvc{a, c2}, backendtest.Names(c2)),
+		} {
+			err := b.Sync(t.Context(), req)
+			if err == nil || proxier.OnlyObjectErrors(err) || !errors.Is(err, proxier.ErrNotApplied) {
+				t.Fatalf("partial sync of %v without the table: %v; want a failed sync that applied nothing", slices.Collect(maps.Keys(req.Changed)), err)
+			}
+		}
+		req := request(model.IPv4, []testSvc{a2, c2}, nil)
+		req.Full = true
+		mustSync(t, b, req)
+		if n := countPods(t, topo.node, ap("10.96.5.5:80"), 40); n["pod1"] == 0 || n["pod2"] == 0 {
+			t.Fatalf("after the full sync: %v", n)
+		}
+		cleanupAndCheck(t, b, topo.node)
 	})
 
 	t.Run("TakeOverInPlace", func(t *testing.T) {

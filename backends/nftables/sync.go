@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -223,7 +225,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 			continue
 		}
 		if !b.dropRejected(err, skip) || attempt >= maxRetries {
-			return fmt.Errorf("nftables: full sync: %w", err)
+			return fmt.Errorf("nftables: full sync: %w", notApplied(err))
 		}
 	}
 }
@@ -624,6 +626,16 @@ func (st *state) use(objs *svcObjs, d int) {
 	})
 }
 
+// notApplied marks err with [proxier.ErrNotApplied] when it is the
+// kernel's rejection of a transaction, which applies nothing of it.
+func notApplied(err error) error {
+	var txErr *TxError
+	if errors.As(err, &txErr) {
+		return fmt.Errorf("%w: %w", proxier.ErrNotApplied, err)
+	}
+	return err
+}
+
 // dropRejected adds the service ports a failed transaction names to skip.
 // It reports false if the failure is not (only) theirs.
 func (b *backend) dropRejected(err error, skip map[model.ServicePortName]error) bool {
@@ -632,7 +644,10 @@ func (b *backend) dropRejected(err error, skip map[model.ServicePortName]error) 
 		return false
 	}
 	for _, f := range txErr.Failures {
-		if f.Service == nil {
+		// ENOENT means a table, chain, set or element the backend
+		// remembers is not in the kernel: the dataplane changed behind
+		// its back, which is no fault of the service port.
+		if f.Service == nil || errors.Is(f.Err, unix.ENOENT) {
 			return false
 		}
 	}
