@@ -14,12 +14,22 @@ import (
 var (
 	errZone        = errors.New("address has a zone")
 	errUnspecified = errors.New("unspecified address")
+	errLoopback    = errors.New("may not be in the loopback range (127.0.0.0/8, ::1/128)")
+	errLinkLocal   = errors.New("may not be a link-local address (169.254.0.0/16, fe80::/10)")
+	errMulticast   = errors.New("may not be a multicast or broadcast address")
 )
+
+// broadcast is the IPv4 limited broadcast address.
+var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
 // parseAddr parses an address as the API server stores it. Like
 // Kubernetes' own sloppy parser, it accepts IPv4 octets with leading zeros
 // (read as decimal), which old clusters may still hold. The result is
-// unmapped; zoned and unspecified addresses are refused.
+// unmapped. It refuses what must never be programmed as a service or
+// endpoint address, as the API's validation of endpoints and external
+// IPs does: zoned, unspecified, loopback, link-local, multicast and
+// broadcast addresses (a cluster IP of 127.0.0.1 would capture the
+// node's own 127.0.0.1 servers).
 func parseAddr(s string) (netip.Addr, error) {
 	s = strings.TrimSpace(s)
 	a, err := netip.ParseAddr(s)
@@ -34,8 +44,15 @@ func parseAddr(s string) (netip.Addr, error) {
 		return netip.Addr{}, errZone
 	}
 	a = a.Unmap()
-	if a.IsUnspecified() {
+	switch {
+	case a.IsUnspecified():
 		return netip.Addr{}, errUnspecified
+	case a.IsLoopback():
+		return netip.Addr{}, errLoopback
+	case a.IsLinkLocalUnicast():
+		return netip.Addr{}, errLinkLocal
+	case a.IsMulticast() || a == broadcast:
+		return netip.Addr{}, errMulticast
 	}
 	return a, nil
 }

@@ -121,6 +121,11 @@ func (t *Tracker) applyEndpoints(svc model.ServiceName, res *Result) {
 	}
 	ports := portIndex{names: t.names[:0]}
 	cands := t.cands[:0]
+	// An endpoint at the Service's own cluster IP would loop.
+	var clusterIP netip.Addr
+	if len(e.ports) > 0 {
+		clusterIP = e.ports[0].ClusterIP
+	}
 	for _, info := range e.slices {
 		for _, p := range info.ports {
 			n := model.ServicePortName{ServiceName: svc, Port: p.name, Protocol: p.proto}
@@ -130,6 +135,11 @@ func (t *Tracker) applyEndpoints(svc model.ServiceName, res *Result) {
 			}
 			for i := range info.endpoints {
 				ep := &info.endpoints[i]
+				if clusterIP.IsValid() && ep.addr == clusterIP {
+					t.log.Warn("endpoint at the service's own cluster IP, ignored", "endpointSlice", svc.Namespace+"/"+info.name,
+						"service", svc.String(), "address", ep.addr.String())
+					continue
+				}
 				cands = append(cands, candidate{
 					port: pi, addr: netip.AddrPortFrom(ep.addr, p.port), ep: ep, slice: info.name, index: i,
 				})

@@ -160,6 +160,11 @@ func TestEndpointSliceConversion(t *testing.T) {
 		slices: []*discoveryv1.EndpointSlice{v6Slice(slice("s1", "a", http, ep("fd01::1")))},
 		want:   want{},
 	}, {
+		name:   "IPv6 loopback, link-local and multicast endpoints dropped",
+		family: model.IPv6,
+		slices: []*discoveryv1.EndpointSlice{v6Slice(slice("s1", "a", http, ep("::1"), ep("ff02::1"), ep("ff05::2"), ep("fe80::1"), ep("fd01::2")))},
+		want:   want{httpA: {mep("[fd01::2]:8080")}},
+	}, {
 		name:   "IPv6 slice, IPv6 tracker",
 		family: model.IPv6,
 		slices: []*discoveryv1.EndpointSlice{
@@ -168,9 +173,10 @@ func TestEndpointSliceConversion(t *testing.T) {
 		},
 		want: want{httpA: {mep("[fd01::1]:8080"), mep("[fd01::2]:8080")}},
 	}, {
-		name: "bad addresses dropped, others kept",
+		name: "bad, loopback, link-local, multicast and broadcast addresses dropped, others kept",
 		slices: []*discoveryv1.EndpointSlice{slice("s1", "a", http,
 			ep("fd01::1"), ep("bogus"), ep("0.0.0.0"), ep("10.1.0.1"),
+			ep("127.0.0.1"), ep("224.0.0.5"), ep("239.1.2.3"), ep("169.254.0.9"), ep("255.255.255.255"),
 			discoveryv1.Endpoint{}, // no address
 			discoveryv1.Endpoint{Addresses: []string{"10.1.0.2", "10.1.0.99"}},
 		)},

@@ -65,6 +65,11 @@ func (t *Tracker) setServicePending(name model.ServiceName, ports []*model.Servi
 func (t *Tracker) applyService(name model.ServiceName, ports []*model.ServicePort, res *Result) {
 	e := t.entry(name)
 	old := e.ports
+	if len(e.slices) > 0 && clusterIPOf(old) != clusterIPOf(ports) {
+		// Endpoints at the Service's own cluster IP are left out:
+		// fold its endpoints again.
+		t.affected = append(t.affected, name)
+	}
 	inNew, inOld := portLookup(ports), portLookup(old)
 	for _, op := range old {
 		if inNew(op.Name) != nil {
@@ -92,6 +97,15 @@ func (t *Tracker) applyService(name model.ServiceName, ports []*model.ServicePor
 	}
 	e.ports = ports
 	t.gc(name, e)
+}
+
+// clusterIPOf returns the cluster IP of a Service's ports (all have the
+// same), or the zero Addr.
+func clusterIPOf(ports []*model.ServicePort) netip.Addr {
+	if len(ports) == 0 {
+		return netip.Addr{}
+	}
+	return ports[0].ClusterIP
 }
 
 func (r *Result) setOld(p *model.ServicePort) {

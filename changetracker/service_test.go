@@ -273,6 +273,33 @@ func TestServiceConversion(t *testing.T) {
 		svc:  svc("a", with(func(s *v1.ServiceSpec) { s.TrafficDistribution = ptr("PreferMars") })),
 		want: want{tcp: sp(tcp, 80)},
 	}, {
+		name: "loopback cluster IP skips the service",
+		svc:  svc("a", clusterIPs("127.0.0.1")),
+		want: want{},
+	}, {
+		name:   "IPv6 loopback cluster IP skips the service",
+		family: model.IPv6,
+		svc:    svc("a", clusterIPs("::1")),
+		want:   want{},
+	}, {
+		name: "multicast cluster IP skips the service",
+		svc:  svc("a", clusterIPs("224.0.0.251")),
+		want: want{},
+	}, {
+		name: "link-local cluster IP skips the service",
+		svc:  svc("a", clusterIPs("169.254.169.254")),
+		want: want{},
+	}, {
+		name: "loopback, multicast and link-local external and load-balancer IPs dropped",
+		svc: svc("a", svcType(v1.ServiceTypeLoadBalancer), ports(v1.ServicePort{Port: 80, NodePort: 30080}), with(func(s *v1.ServiceSpec) {
+			s.ExternalIPs = []string{"127.0.0.53", "192.0.2.1", "239.0.0.1", "169.254.1.1"}
+		}), lbIngress(v1.LoadBalancerIngress{IP: "127.0.0.1"}, v1.LoadBalancerIngress{IP: "255.255.255.255"}, v1.LoadBalancerIngress{IP: "203.0.113.7"})),
+		want: want{tcp: sp(tcp, 80, func(p *model.ServicePort) {
+			p.NodePort = 30080
+			p.ExternalIPs = addrs("192.0.2.1")
+			p.LoadBalancerIPs = addrs("203.0.113.7")
+		})},
+	}, {
 		name: "invalid cluster IP of this family skips the service",
 		svc:  svc("a", clusterIPs("10.0.0.300")),
 		want: want{},

@@ -617,3 +617,33 @@ func TestManyEndpointPorts(t *testing.T) {
 		t.Errorf("after delete: changed %d (want 12), %d ports left (want 8)", len(res.Changed), len(tr.State().Endpoints))
 	}
 }
+
+// TestEndpointAtOwnClusterIPIgnored checks that an endpoint at its
+// Service's own cluster IP is left out, whichever of the Service and the
+// slice comes first, and comes back when the cluster IP changes.
+func TestEndpointAtOwnClusterIPIgnored(t *testing.T) {
+	a := svc("a")                                                    // 10.0.0.1
+	a2 := svc("a", clusterIPs("10.0.0.2"))                           // the endpoint's address no longer
+	s := slice("s1", "a", httpPorts, ep("10.0.0.1"), ep("10.1.0.1")) // one at the cluster IP
+	httpA := spn("a", "http", model.TCP)
+	for _, order := range [][]event{{add(a), put(s)}, {put(s), add(a)}} {
+		tr := newTracker(t, model.IPv4)
+		for _, ev := range order {
+			ev(tr)
+			tr.Apply()
+		}
+		want := []*model.Endpoint{mep("10.1.0.1:8080")}
+		if diff := cmp.Diff(want, tr.State().Endpoints[httpA], cmpOpts); diff != "" {
+			t.Errorf("endpoints (-want +got):\n%s", diff)
+		}
+		upd(a, a2)(tr)
+		res := tr.Apply()
+		if _, ok := res.Changed[httpA]; !ok {
+			t.Errorf("cluster IP changed: %v not reported changed", httpA)
+		}
+		want = []*model.Endpoint{mep("10.0.0.1:8080"), mep("10.1.0.1:8080")}
+		if diff := cmp.Diff(want, tr.State().Endpoints[httpA], cmpOpts); diff != "" {
+			t.Errorf("endpoints after the cluster IP changed (-want +got):\n%s", diff)
+		}
+	}
+}
