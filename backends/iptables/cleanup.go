@@ -164,6 +164,7 @@ func (b *backend) cleanupWith(ctx context.Context, r *iptables.Runner) error {
 // adopt.
 func (b *backend) Close() error {
 	b.run = nil
+	b.lock.Release()
 	if b.ns == nil {
 		return nil
 	}

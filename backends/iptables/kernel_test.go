@@ -12,6 +12,7 @@ import (
 
 	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/iptables"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -124,8 +125,8 @@ func mustSync(tb testing.TB, b *backend, req *proxier.SyncRequest) {
 func TestKernelFlavourDetection(t *testing.T) {
 	e := newKernelEnv(t, "iptables-legacy-restore", "iptables-legacy")
 	node := &e.tn.Node1.Host
-	if b := e.backend(model.IPv4, Config{}); b.run.Tools().Flavour != iptables.NFT {
-		t.Fatalf("empty namespace: %s, want nft", b.run.Tools().Flavour)
+	if m, err := detect(Config{Config: proxier.Config{NetNS: e.tn.Node1.Path()}}.WithDefaults()); err != nil || m != ModeNFT {
+		t.Fatalf("empty namespace: %s %v, want nft", m, err)
 	}
 	// Another program's rule in the legacy tables: legacy is in use.
 	e.exec("iptables-legacy", "-w", "-A", "INPUT", "-s", "192.0.2.99/32", "-j", "ACCEPT")
@@ -146,8 +147,8 @@ func TestKernelFlavourDetection(t *testing.T) {
 	for i := range 3 {
 		e.exec("iptables-nft", "-w", "-A", "INPUT", "-s", fmt.Sprintf("192.0.2.%d/32", 100+i), "-j", "ACCEPT")
 	}
-	if b2 := e.backend(model.IPv4, Config{}); b2.run.Tools().Flavour != iptables.Legacy {
-		t.Fatalf("with our chains in legacy: %s", b2.run.Tools().Flavour)
+	if m, err := detect(Config{Config: proxier.Config{NetNS: e.tn.Node1.Path()}}.WithDefaults()); err != nil || m != ModeLegacy {
+		t.Fatalf("with our chains in legacy: %s %v", m, err)
 	}
 	if err := b.Cleanup(t.Context()); err != nil {
 		t.Fatal(err)
@@ -300,6 +301,7 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := e.backend(model.IPv4, Config{RewriteInterval: -1})
+			defer b.Close() // the next case's backend owns the chains then
 			a := e.svc(model.IPv4, "a", "10.96.3.1", p11)
 			other := e.svc(model.IPv4, "other", "10.96.3.2", p11)
 			mustSync(t, b, request(model.IPv4, []testSvc{a, other}, nil))
@@ -394,6 +396,7 @@ func TestKernelCoexistenceAndCleanup(t *testing.T) {
 	// A second full rewrite and a restart keep the jumps single.
 	b4.lastRewrite = time.Time{}
 	mustSync(t, b4, request(model.IPv4, []testSvc{s4}, nil))
+	b4.Close() // a restart: the chains have one owner at a time
 	b4b := e.backend(model.IPv4, Config{})
 	mustSync(t, b4b, request(model.IPv4, []testSvc{s4}, nil))
 	if n := strings.Count(e.exec("iptables-nft", "-w", "-t", "nat", "-S", "PREROUTING"), "PROXYKIT"); n != 1 {
@@ -401,7 +404,7 @@ func TestKernelCoexistenceAndCleanup(t *testing.T) {
 	}
 
 	// Cleanup by the IPv4 backend leaves IPv6 alone, and vice versa.
-	if err := b4.Cleanup(t.Context()); err != nil {
+	if err := b4b.Cleanup(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(e.exec("iptables-nft-save"), "PROXYKIT") || !strings.Contains(e.exec("ip6tables-nft-save"), "PROXYKIT") {
@@ -421,7 +424,7 @@ func TestKernelCoexistenceAndCleanup(t *testing.T) {
 		t.Fatalf("nft ruleset after Cleanup:\n--- before\n%s--- after\n%s", beforeNft, got)
 	}
 	// Cleanup again, and on a namespace without anything, succeeds.
-	if err := b4.Cleanup(t.Context()); err != nil {
+	if err := b4b.Cleanup(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -433,7 +436,9 @@ func TestKernelCleanupBothFlavours(t *testing.T) {
 	s := e.svc(model.IPv4, "web", "10.96.5.1", e.pod(1, 1))
 	mustSync(t, legacy, request(model.IPv4, []testSvc{s}, nil))
 	mustSync(t, nft, request(model.IPv4, []testSvc{s}, nil))
-	// A new instance that never synced cleans both.
+	// A new instance that never synced cleans both, once they are gone.
+	legacy.Close()
+	nft.Close()
 	fresh := e.backend(model.IPv4, Config{})
 	if err := fresh.Cleanup(t.Context()); err != nil {
 		t.Fatal(err)
@@ -562,4 +567,34 @@ func TestKernelRefusedFilterRuleAtFirstSync(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKernelSecondProxierRefused checks that a second proxier of the same
+// chains in one namespace is refused at New, naming the holder, while one
+// with another chain prefix is not, and that the chains are free again
+// once the first is closed.
+func TestKernelSecondProxierRefused(t *testing.T) {
+	e := newKernelEnv(t)
+	cfg := Config{Config: proxier.Config{NetNS: e.tn.Node1.Path(), Families: []model.IPFamily{model.IPv4}}}
+	first, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(cfg)
+	if !errors.Is(err, ownerlock.ErrHeld) || !strings.Contains(err.Error(), "this process") {
+		t.Fatalf("second proxier of the same chains: %v; want it refused as held by this process", err)
+	}
+	other := cfg
+	other.ChainPrefix = "OTHER"
+	p, err := New(other)
+	if err != nil {
+		t.Fatalf("proxier with another chain prefix: %v", err)
+	}
+	p.Close()
+	first.Close()
+	again, err := New(cfg)
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	again.Close()
 }

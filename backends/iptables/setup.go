@@ -10,6 +10,7 @@ import (
 
 	"github.com/proxykit/proxykit/internal/iptables"
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -153,36 +154,46 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
 	}
+	var lock *ownerlock.Lock
+	closeAll := func() { lock.Release(); ns.Close() }
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	fl := iptables.Flavour(cfg.Mode)
 	if cfg.Mode == ModeAuto {
 		if fl, err = iptables.Detect(ctx, ns, cfg.ChainPrefix); err != nil {
-			ns.Close()
+			closeAll()
 			return nil, unsupported(err)
 		}
 	}
+	// One proxier per flavour, family and chain prefix: a second one
+	// would rewrite the first one's chains and silently kill its
+	// services.
+	if lock, err = ownerlock.Acquire(ns, fmt.Sprintf("iptables %s %s %s", fl, family, cfg.ChainPrefix)); err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("iptables: %s %s chains %s*: %w", fl, family, cfg.ChainPrefix, err)
+	}
 	tools, err := iptables.FindTools(family, fl)
 	if err != nil {
-		ns.Close()
+		closeAll()
 		return nil, unsupported(err)
 	}
 	run, err := iptables.NewRunner(ctx, ns, tools, cfg.LockWait)
 	if err != nil {
-		ns.Close()
+		closeAll()
 		return nil, unsupported(err)
 	}
 	if !run.Version().AtLeast(1, 6, 2) {
-		ns.Close()
+		closeAll()
 		return nil, &UnsupportedError{What: "iptables 1.6.2 or later (" + tools.Cmd + " is " + run.Version().String() + ")"}
 	}
 	b := &backend{
-		cfg: cfg,
-		fam: family,
-		ns:  ns,
-		run: run,
-		r:   newRenderer(cfg, family, n, run.HasRandomFully()),
-		log: cfg.Logger.With("backend", "iptables", "family", family.String(), "flavour", string(fl)),
+		cfg:  cfg,
+		fam:  family,
+		ns:   ns,
+		lock: lock,
+		run:  run,
+		r:    newRenderer(cfg, family, n, run.HasRandomFully()),
+		log:  cfg.Logger.With("backend", "iptables", "family", family.String(), "flavour", string(fl)),
 	}
 	b.metrics = newRuleMetrics(cfg.Registerer, family)
 	if err := b.probe(ctx); err != nil {

@@ -10,18 +10,20 @@ import (
 
 	"github.com/proxykit/proxykit/internal/iptables"
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
 
 // backend programs one IP family of one network namespace.
 type backend struct {
-	cfg Config
-	fam model.IPFamily
-	ns  *netns.NS
-	run *iptables.Runner
-	r   *renderer
-	log *slog.Logger
+	cfg  Config
+	fam  model.IPFamily
+	ns   *netns.NS
+	lock *ownerlock.Lock // these chains in this namespace are ours
+	run  *iptables.Runner
+	r    *renderer
+	log  *slog.Logger
 	// st is what the kernel holds as of the last successful sync; nil
 	// when unknown (before the first sync, after a failure or Cleanup).
 	st *state

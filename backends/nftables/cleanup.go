@@ -40,5 +40,6 @@ func (b *backend) Close() error {
 		err = errors.Join(err, b.ns.Close())
 		b.ns = nil
 	}
+	b.lock.Release()
 	return err
 }

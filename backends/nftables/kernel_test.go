@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -577,4 +578,34 @@ func TestNewProxier(t *testing.T) {
 		return
 	}
 	p.Close()
+}
+
+// TestNewSecondProxierRefused checks that a second proxier of the same
+// table in one namespace is refused at New, while one of another table is
+// not, and that the table is free again once the first is closed.
+func TestNewSecondProxierRefused(t *testing.T) {
+	requireRoot(t)
+	ns := newNS(t)
+	cfg := Config{Config: proxier.Config{NetNS: ns.path}}
+	first, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(cfg)
+	if !errors.Is(err, ownerlock.ErrHeld) || !strings.Contains(err.Error(), "table ip proxykit") {
+		t.Fatalf("second proxier of the same table: %v; want it refused as held", err)
+	}
+	other := cfg
+	other.TableName = "other"
+	p, err := New(other)
+	if err != nil {
+		t.Fatalf("proxier of another table: %v", err)
+	}
+	p.Close()
+	first.Close()
+	again, err := New(cfg)
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	again.Close()
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -83,15 +84,29 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
+	fi := familyInfoOf(family)
+	// One proxier per table: a second one would take it over and
+	// silently kill the first one's services.
+	tfam := "ip"
+	if family == model.IPv6 {
+		tfam = "ip6"
+	}
+	lock, err := ownerlock.Acquire(ns, fmt.Sprintf("nftables %s %s", tfam, cfg.TableName))
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("nftables: table %s %s: %w", tfam, cfg.TableName, err)
+	}
 	c, err := dial(ns)
 	if err != nil {
+		lock.Release()
 		ns.Close()
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	b := &backend{
 		cfg:  cfg,
-		fi:   familyInfoOf(family),
+		fi:   fi,
 		ns:   ns,
+		lock: lock,
 		conn: c,
 		log:  cfg.Logger.With("backend", "nftables", "family", family.String(), "table", cfg.TableName),
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -26,6 +27,7 @@ type backend struct {
 	fi   familyInfo
 	r    *renderer
 	ns   *netns.NS
+	lock *ownerlock.Lock // this table in this namespace is ours
 	conn *conn
 	log  *slog.Logger
 	// st is what the kernel holds as of the last successful sync; nil

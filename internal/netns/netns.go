@@ -55,6 +55,21 @@ func (n *NS) Fd() int {
 	return int(n.f.Fd())
 }
 
+// ID returns the device and inode numbers that identify the namespace:
+// two handles of one namespace, opened from any paths, have the same.
+func (n *NS) ID() (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if n.f == nil {
+		err = unix.Stat("/proc/self/ns/net", &st)
+	} else {
+		err = unix.Fstat(int(n.f.Fd()), &st)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("network namespace: %w", err)
+	}
+	return st.Dev, st.Ino, nil
+}
+
 // NetlinkHandle returns a route netlink handle in the namespace. The caller
 // closes it with Close (Delete).
 func (n *NS) NetlinkHandle(families ...int) (*netlink.Handle, error) {

@@ -366,6 +366,9 @@ func (t *Topology) build(opts Options) error {
 			}
 		}
 	}
+	if err := t.waitAddrsReady(addrsReadyTimeout); err != nil {
+		return err
+	}
 	for _, p := range t.Pods {
 		srv, err := startServers(p)
 		if err != nil {
@@ -374,6 +377,70 @@ func (t *Topology) build(opts Options) error {
 		p.srv = srv
 	}
 	return nil
+}
+
+// addrsReadyTimeout bounds the wait for the IPv6 addresses to be usable.
+const addrsReadyTimeout = 20 * time.Second
+
+// waitAddrsReady waits until every IPv6 address of every namespace is
+// usable: no longer tentative, with its route in the local table. The
+// kernel finishes an IPv6 address only once the link has carrier, which
+// it learns asynchronously (the link watch work runs up to a second
+// later, later still under load), even with DAD off. Until then
+// connections from or to the address fail, and a snapshot of the routes
+// taken then differs from a later one.
+func (t *Topology) waitAddrsReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, ns := range t.nss {
+		h := t.handles[ns]
+		for {
+			pending, err := pendingAddrs(h)
+			if err != nil {
+				return fmt.Errorf("addresses of %s: %w", ns.name, err)
+			}
+			if len(pending) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("addresses of %s not usable after %v: %v", ns.name, timeout, pending)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// pendingAddrs lists the IPv6 addresses of the handle's namespace that
+// are tentative or have no route in the local table yet.
+func pendingAddrs(h *netlink.Handle) ([]string, error) {
+	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
+	if err != nil {
+		return nil, err
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, err
+	}
+	local := map[netip.Addr]bool{}
+	for _, r := range routes {
+		if r.Dst == nil || r.Type != unix.RTN_LOCAL {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+			local[a] = true
+		}
+	}
+	var pending []string
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		if a.Flags&unix.IFA_F_TENTATIVE != 0 || !local[ip] {
+			pending = append(pending, a.IPNet.String())
+		}
+	}
+	return pending, nil
 }
 
 // createHosts creates the namespaces and fills in the hosts' addresses.
