@@ -27,7 +27,7 @@ const (
 
 	chainServices       = "services"
 	chainEndpointsCheck = "endpoints-check"
-	chainReject         = "reject"
+	chainReject         = "reject-chain"
 	chainMasqCluster    = "mark-cluster-masquerade"
 )
 

@@ -189,7 +189,7 @@ func testDemo(t *testing.T, backend string) {
 		t.Errorf("listing of web: %q", l)
 	}
 	for _, want := range []string{
-		"10.96.0.50 . tcp . 80 → goto reject",
+		"10.96.0.50 . tcp . 80 → goto reject-chain",
 		// local's node port: outside clients reach the local endpoint only.
 		"tcp . 30081 ",
 		"→ node1-pod3:8081 (some sources: node1-pod3:8081, node2-pod2:8081)",

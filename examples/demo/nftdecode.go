@@ -143,7 +143,7 @@ func (td *tableData) chain(chain string, f flow, in regs, depth int, some bool, 
 	if depth > 8 {
 		return false
 	}
-	if chain == "reject" && len(td.rules[chain]) == 0 {
+	if chain == "reject-chain" && len(td.rules[chain]) == 0 {
 		o.verdicts = append(o.verdicts, "reject")
 		return true
 	}
