@@ -281,6 +281,22 @@ func (t *Tracker) clusterIP(name model.ServiceName, spec *v1.ServiceSpec) (netip
 	if spec.ClusterIP == v1.ClusterIPNone || ips[0] == v1.ClusterIPNone {
 		return netip.Addr{}, false
 	}
+	// The API keeps these consistent; a hand-written object may not.
+	// clusterIPs wins, as in kube-proxy, and the conflict is said.
+	if spec.ClusterIP != "" && len(spec.ClusterIPs) > 0 && spec.ClusterIP != spec.ClusterIPs[0] {
+		t.log.Warn("clusterIP differs from clusterIPs[0]; using clusterIPs", "service", name.String(),
+			"clusterIP", spec.ClusterIP, "clusterIPs", spec.ClusterIPs)
+	}
+	for i, f := range spec.IPFamilies {
+		if i >= len(ips) {
+			break
+		}
+		if a, err := parseAddr(ips[i]); err == nil && f != "" && (f == v1.IPv4Protocol) != a.Is4() {
+			t.log.Warn("ipFamilies disagrees with the cluster IP's family; going by the address", "service", name.String(),
+				"ipFamilies", spec.IPFamilies, "clusterIPs", ips)
+			break
+		}
+	}
 	var found netip.Addr
 	for i, s := range ips {
 		a, err := parseAddr(s)

@@ -1,8 +1,11 @@
 package changetracker
 
 import (
+	"bytes"
+	"log/slog"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -422,6 +425,31 @@ func TestServicePortEqualCoversAllFields(t *testing.T) {
 		}
 		if servicePortEqual(base, &mod) {
 			t.Errorf("servicePortEqual ignores field %s", typ.Field(i).Name)
+		}
+	}
+}
+
+// TestServiceConflictsLogged checks that fields the API keeps consistent
+// but a hand-written object may not are settled with a log line.
+func TestServiceConflictsLogged(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		svc        *v1.Service
+	}{
+		{"clusterIP against clusterIPs", "clusterIP differs from clusterIPs[0]",
+			svc("a", func(s *v1.Service) { s.Spec.ClusterIP = "10.0.0.9" })},
+		{"ipFamilies against the address", "ipFamilies disagrees",
+			svc("a", func(s *v1.Service) { s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol} })},
+	} {
+		var buf bytes.Buffer
+		tr := New(Config{Family: model.IPv4, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		tr.OnService(nil, tc.svc)
+		tr.Apply()
+		if !strings.Contains(buf.String(), tc.want) {
+			t.Errorf("%s: log %q lacks %q", tc.name, buf.String(), tc.want)
+		}
+		if len(tr.State().Services) != 1 {
+			t.Errorf("%s: %d service ports, want the service kept", tc.name, len(tr.State().Services))
 		}
 	}
 }
