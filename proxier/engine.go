@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,6 +74,10 @@ type family struct {
 	noLocal map[model.ServicePortName]uint8
 	// full is set by prepare when this sync rewrites everything.
 	full bool
+	// owners settles conflicting claims on addresses and ports;
+	// rejectedNow are the service ports prepare rejected this time.
+	owners      *owners
+	rejectedNow map[model.ServicePortName]error
 	// nInternal and nExternal count noLocal's entries with each bit.
 	nInternal, nExternal int
 	// health holds the service ports that have a health check node port
@@ -141,6 +146,7 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 			needFull: true,
 			noLocal:  map[model.ServicePortName]uint8{},
 			health:   map[model.ServicePortName]portHealth{},
+			owners:   newOwners(),
 		})
 	}
 	ns, err := netns.Open(cfg.NetNS)
@@ -434,14 +440,48 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 
 // prepare brings the family's targets and health check counts up to its
 // tracker's state: every service port on a full sync (needFull or
-// periodic), else the changed ones.
+// periodic), else the changed ones. It first settles which service port
+// owns each address and port ([owners]); a rejected one is left out, as
+// if it did not exist.
 func (f *family) prepare(periodic bool, topo Topology) {
 	state := f.tracker.State()
 	f.full = f.needFull || periodic
+	var names []model.ServicePortName
+	if f.full {
+		names = make([]model.ServicePortName, 0, len(state.Services))
+		for name := range state.Services {
+			names = append(names, name)
+		}
+		for name := range f.owners.seen {
+			if _, ok := state.Services[name]; !ok {
+				names = append(names, name)
+			}
+		}
+	} else {
+		names = make([]model.ServicePortName, 0, len(f.changed))
+		for name := range f.changed {
+			names = append(names, name)
+		}
+	}
+	flipped, rejected := f.owners.update(state.Services, names)
+	for _, name := range flipped {
+		f.changed[name] = struct{}{}
+	}
+	f.rejectedNow = rejected
+	service := func(name model.ServicePortName) *model.ServicePort {
+		if !f.owners.accepted(name) {
+			return nil
+		}
+		return state.Services[name]
+	}
 	if f.full {
 		// Recompute every target: topology or policies may have moved.
 		next := make(map[model.ServicePortName]*Targets, len(state.Services))
-		for name, sp := range state.Services {
+		for name := range state.Services {
+			sp := service(name)
+			if sp == nil {
+				continue
+			}
 			t := SelectTargets(sp, state.Endpoints[name], topo)
 			if !t.Equal(f.targets[name]) {
 				f.changed[name] = struct{}{}
@@ -455,14 +495,14 @@ func (f *family) prepare(periodic bool, topo Topology) {
 		}
 		f.targets = next
 		clear(f.health)
-		for name, sp := range state.Services {
-			f.updateHealth(name, sp, state.Endpoints[name])
+		for name := range state.Services {
+			f.updateHealth(name, service(name), state.Endpoints[name])
 		}
 		return
 	}
 	for name := range f.changed {
-		sp, ok := state.Services[name]
-		if !ok {
+		sp := service(name)
+		if sp == nil {
 			delete(f.targets, name)
 		} else {
 			f.targets[name] = SelectTargets(sp, state.Endpoints[name], topo)
@@ -471,11 +511,35 @@ func (f *family) prepare(periodic bool, topo Topology) {
 	}
 }
 
+// view is the state the backend is given: the tracker's, less the
+// service ports rejected for claiming what another one owns.
+func (f *family) view() *model.State {
+	state := f.tracker.State()
+	if len(f.owners.rejected) == 0 {
+		return state
+	}
+	v := &model.State{Family: state.Family, Endpoints: state.Endpoints,
+		Services: make(map[model.ServicePortName]*model.ServicePort, len(state.Services))}
+	for name, sp := range state.Services {
+		if f.owners.accepted(name) {
+			v.Services[name] = sp
+		}
+	}
+	return v
+}
+
 // syncFamily programs what prepare left in f into its backend and
 // reports whether the backend took it.
 func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr) bool {
-	state := f.tracker.State()
+	state := f.view()
 	full := f.full
+	fam := f.backend.Family().String()
+	for _, name := range slices.SortedFunc(maps.Keys(f.rejectedNow), model.ServicePortName.Compare) {
+		e.log.Warn("service port rejected: it claims what another service port owns; it is not programmed until that one lets go",
+			"family", fam, "service", name.String(), "err", f.rejectedNow[name])
+	}
+	f.rejectedNow = nil
+	e.metrics.conflicts.WithLabelValues(fam).Set(float64(len(f.owners.rejected)))
 	var ips []netip.Addr
 	for _, ip := range nodeIPs {
 		if f.backend.Family().Contains(ip) {
@@ -483,7 +547,6 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 		}
 	}
 	req := &SyncRequest{Full: full, State: state, Targets: f.targets, Changed: f.changed, NodeIPs: ips}
-	fam := f.backend.Family().String()
 	start := time.Now()
 	err := f.backend.Sync(ctx, req)
 	log := e.log.With("family", fam, "full", full, "changed", len(f.changed))

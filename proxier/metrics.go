@@ -16,6 +16,7 @@ type metrics struct {
 	lastSync            prometheus.Gauge
 	lastQueued          prometheus.Gauge
 	syncFailures        *prometheus.CounterVec
+	conflicts           *prometheus.GaugeVec
 	serviceChanges      prometheus.Counter
 	endpointChanges     prometheus.Counter
 	pendingChanges      prometheus.Gauge
@@ -51,6 +52,10 @@ func newMetrics(reg prometheus.Registerer, backend string) *metrics {
 		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxykit_sync_failures_total", Help: "Failed syncs, by IP family.", ConstLabels: labels,
 		}, []string{"ip_family"}),
+		conflicts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "proxykit_service_port_conflicts", Help: "Service ports not programmed because they claim an address and port, or a node port, that another service port owns.",
+			ConstLabels: labels,
+		}, []string{"ip_family"}),
 		serviceChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kubeproxy_sync_proxy_rules_service_changes_total", Help: "Service events received.", ConstLabels: labels,
 		}),
@@ -75,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, backend string) *metrics {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.syncDuration, m.fullSyncDuration, m.partialSyncDuration, m.lastSync,
-			m.lastQueued, m.syncFailures, m.serviceChanges, m.endpointChanges, m.pendingChanges, m.noLocalEndpoints, m.conntrackDeleted, m.programming} {
+			m.lastQueued, m.syncFailures, m.conflicts, m.serviceChanges, m.endpointChanges, m.pendingChanges, m.noLocalEndpoints, m.conntrackDeleted, m.programming} {
 			// A second proxier on the same registry would collide; the
 			// caller then gets the first one's metrics only.
 			_ = reg.Register(c)

@@ -23,6 +23,7 @@ var cases = []testCase{
 	{name: "SamePortTwoProtocols", run: samePortTwoProtocols},
 	{name: "ServiceAddedAndDeleted", run: serviceAddedAndDeleted},
 	{name: "ServicePortChanged", run: servicePortChanged},
+	{name: "Conflict-FirstOwnerKeepsAddress", run: conflictFirstOwnerKeeps},
 
 	// Endpoints.
 	{name: "LoadSpread", run: loadSpread},

@@ -124,3 +124,24 @@ func (e *env) from(w fromWhere) *testnet.Host {
 	}
 	return e.client()
 }
+
+// conflictFirstOwnerKeeps: a service whose external IP is another
+// service's cluster IP (same port and protocol) does not take that
+// address over, whatever its name; once the owner is deleted, it is
+// served.
+func conflictFirstOwnerKeeps(e *env) {
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	owner := e.service("owner")
+	e.apply(owner, e.slicesFor(owner, ready(p11)))
+	e.start()
+	from := &e.pod(1, 3).Host
+	addr := e.clusterIP(owner, 80)
+	hijack := e.service("a-hijack", func(_ *env, s *v1.Service) {
+		s.Spec.ExternalIPs = []string{addr.Addr().String()}
+	})
+	e.apply(hijack, e.slicesFor(hijack, ready(p21)))
+	e.answers(from, tcpTo(addr), 8080, 10, p11)
+	e.answers(e.node1(), tcpTo(addr), 8080, 5, p11)
+	e.remove(owner)
+	e.answers(from, tcpTo(addr), 8080, 10, p21)
+}
