@@ -2,6 +2,7 @@ package ipvs_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/proxier"
@@ -21,6 +22,9 @@ func TestConformance(t *testing.T) {
 		}
 		return p
 	}, proxiertest.Options{
+		// The suite runs in an emulated VM: probes spaced at 5ms leave
+		// it the CPU to sync 5,000 services.
+		RestartProbeInterval: 5 * time.Millisecond,
 		Skip: map[string]string{
 			// IPVS keeps a persistence template while any connection
 			// it placed is still in its connection table, and counts

@@ -20,8 +20,8 @@
 // periodic one, and any after a failed operation) reads the kernel's IPVS
 // table once and converges it: a restarted proxier adopts the virtual
 // servers, real servers and addresses it finds, so established
-// connections are not disturbed. The nftables table is replaced in one
-// transaction. Incremental syncs apply the difference for the changed
+// connections are not disturbed. The nftables table is flushed and
+// refilled in one transaction, never deleted. Incremental syncs apply the difference for the changed
 // service ports, computed from state kept in memory, and never read the
 // kernel except to check draining real servers.
 //

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"slices"
@@ -401,14 +402,44 @@ func (n *nftConn) queueElems(f *family, elems []elem, del bool) error {
 	return nil
 }
 
-// replaceTable replaces the family's table, if any, with the skeleton
-// and elems, in one transaction: the old rules stay in force until the
-// new ones replace them.
-func (n *nftConn) replaceTable(f *family, cfg *Config, elems []elem) error {
+// replaceTable makes the family's table hold the skeleton and elems, in
+// one transaction. A table that exists is flushed and refilled in place:
+// deleting and creating it, even in one transaction, fails new
+// connections for a moment. Chains the skeleton does not have (an
+// earlier version's) are deleted. Only when the kernel refuses that (an
+// earlier version's table with other set definitions) is the table
+// deleted and created again, in the transaction that fills it.
+func (n *nftConn) replaceTable(f *family, cfg *Config, elems []elem, log *slog.Logger) error {
+	chains, err := n.c.ListChainsOfTableFamily(f.table.Family)
+	if err != nil {
+		return err
+	}
+	var existing []string
+	exists := false
+	for _, c := range chains {
+		if c.Table.Name == f.table.Name {
+			existing = append(existing, c.Name)
+			exists = true
+		}
+	}
+	if !exists {
+		tables, err := n.c.ListTablesOfFamily(f.table.Family)
+		if err != nil {
+			return err
+		}
+		exists = slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == f.table.Name })
+	}
+	if exists {
+		err := n.fillInPlace(f, cfg, elems, existing)
+		if err == nil {
+			return nil
+		}
+		log.Warn("kernel refused to refill the table in place; replacing it", "table", f.table.Name, "err", err)
+	}
 	n.c.AddTable(f.table)
 	n.c.DelTable(f.table)
 	n.c.AddTable(f.table)
-	if err := n.addSkeleton(f, cfg); err != nil {
+	if err := n.addSkeleton(f, cfg, false); err != nil {
 		return err
 	}
 	if err := n.queueElems(f, elems, false); err != nil {
@@ -417,7 +448,31 @@ func (n *nftConn) replaceTable(f *family, cfg *Config, elems []elem) error {
 	return n.c.Flush()
 }
 
-func (n *nftConn) addSkeleton(f *family, cfg *Config) error {
+// fillInPlace flushes the existing table's sets and chains and fills
+// them again, deleting the chains in existing that the skeleton lacks.
+func (n *nftConn) fillInPlace(f *family, cfg *Config, elems []elem, existing []string) error {
+	n.c.AddTable(f.table)
+	if err := n.addSkeleton(f, cfg, true); err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, d := range f.skeleton(cfg) {
+		want[d.chain.Name] = true
+	}
+	for _, c := range existing {
+		if !want[c] {
+			n.c.DelChain(&nftables.Chain{Table: f.table, Name: c})
+		}
+	}
+	if err := n.queueElems(f, elems, false); err != nil {
+		return err
+	}
+	return n.c.Flush()
+}
+
+// addSkeleton queues the sets, chains and rules of the table; flush
+// first empties the sets and chains that may exist.
+func (n *nftConn) addSkeleton(f *family, cfg *Config, flush bool) error {
 	for _, name := range setNames {
 		s := f.set(name)
 		var els []nftables.SetElement
@@ -426,13 +481,28 @@ func (n *nftConn) addSkeleton(f *family, cfg *Config) error {
 				els = append(els, nftables.SetElement{Key: []byte{p.Number()}})
 			}
 		}
-		if err := n.c.AddSet(s, els); err != nil {
+		if !flush {
+			if err := n.c.AddSet(s, els); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := n.c.AddSet(s, nil); err != nil {
 			return err
+		}
+		n.c.FlushSet(s)
+		if len(els) > 0 {
+			if err := n.c.SetAddElements(s, els); err != nil {
+				return err
+			}
 		}
 	}
 	defs := f.skeleton(cfg)
 	for _, d := range defs {
 		n.c.AddChain(d.chain)
+		if flush {
+			n.c.FlushChain(d.chain)
+		}
 	}
 	for _, d := range defs {
 		for _, r := range d.rules {
@@ -477,7 +547,7 @@ func (n *nftConn) virtualServers(f *family) ([]vsKey, error) {
 func (n *nftConn) probe(f family, cfg *Config) error {
 	f.table = &nftables.Table{Name: fmt.Sprintf("%s-probe-%d", f.table.Name, os.Getpid()), Family: f.table.Family}
 	n.c.AddTable(f.table)
-	if err := n.addSkeleton(&f, cfg); err != nil {
+	if err := n.addSkeleton(&f, cfg, false); err != nil {
 		return err
 	}
 	n.c.DelTable(f.table)

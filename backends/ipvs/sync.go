@@ -174,7 +174,7 @@ func (b *backend) syncFull(ctx context.Context, st *state) (map[model.ServicePor
 	// before they exist, and reject what has no endpoints.
 	t0 := b.now()
 	elems := slices.SortedFunc(maps.Keys(st.elems), compareElems)
-	if err := b.nft.replaceTable(&b.fi, &b.cfg, elems); err != nil {
+	if err := b.nft.replaceTable(&b.fi, &b.cfg, elems, b.log); err != nil {
 		return nil, fmt.Errorf("ipvs: replace table %s: %w", b.cfg.TableName, err)
 	}
 	t1 := b.now()

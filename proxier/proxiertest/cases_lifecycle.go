@@ -282,8 +282,11 @@ func cleanupOnCleanNamespace(e *env) {
 // work of some size for every backend.
 const restartServices = 5000
 
-// restartProbeInterval spaces the new connections each prober opens: 50
-// a second.
+// restartSyncTimeout bounds the first sync of 5,000 services, which
+// takes a while in an emulated VM.
+const restartSyncTimeout = 3 * time.Minute
+
+// restartProbeInterval is the default of Options.RestartProbeInterval.
 const restartProbeInterval = 500 * time.Microsecond
 
 // restartNewConnections kills a proxier that holds thousands of services
@@ -299,7 +302,7 @@ func restartNewConnections(e *env) {
 	}
 	svc := e.service("probed", nodePorts(30080))
 	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
-	e.start()
+	e.startWithin(restartSyncTimeout)
 	ext := e.tn.Node1.ExternalIP(e.fam)
 	probes := []struct {
 		from *testnet.Host
@@ -322,11 +325,15 @@ func restartNewConnections(e *env) {
 		wg       sync.WaitGroup
 		begin    = time.Now()
 	)
+	interval := restartProbeInterval
+	if d := e.opts.RestartProbeInterval; d > 0 {
+		interval = min(d, 20*time.Millisecond)
+	}
 	for i, p := range probes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tick := time.NewTicker(restartProbeInterval)
+			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for {
 				select {
@@ -355,7 +362,7 @@ func restartNewConnections(e *env) {
 	e.close()
 	time.Sleep(300 * time.Millisecond)
 	phase("starting a new proxier")
-	e.start()
+	e.startWithin(restartSyncTimeout)
 	phase("the new proxier has synced")
 	time.Sleep(300 * time.Millisecond)
 	close(stop)

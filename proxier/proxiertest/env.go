@@ -38,6 +38,7 @@ type env struct {
 	fam     model.IPFamily
 	dual    bool
 	factory Factory
+	opts    Options
 	tn      *testnet.Topology
 	log     *slog.Logger
 
@@ -64,7 +65,7 @@ type instance struct {
 func newEnv(t *testing.T, f Factory, opts Options, fam model.IPFamily, dual bool) *env {
 	tn := testnet.New(t, testnet.Options{})
 	e := &env{
-		t: t, fam: fam, dual: dual, factory: f, tn: tn,
+		t: t, fam: fam, dual: dual, factory: f, opts: opts, tn: tn,
 		svcs:   map[string]*v1.Service{},
 		slices: map[string]*discoveryv1.EndpointSlice{},
 		ipIdx:  map[string]int{},
@@ -125,6 +126,12 @@ func (e *env) config() proxier.Config {
 // far followed by the Synced calls, runs it and waits for Flush.
 func (e *env) start() {
 	e.t.Helper()
+	e.startWithin(flushTimeout)
+}
+
+// startWithin is start, waiting up to timeout for the first Flush.
+func (e *env) startWithin(timeout time.Duration) {
+	e.t.Helper()
 	if e.cur != nil && e.cur.running {
 		e.t.Fatal("proxiertest: start with a proxier running")
 	}
@@ -143,7 +150,7 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel, in.done, in.running = cancel, make(chan error, 1), true
 	go func() { in.done <- p.Run(ctx) }()
-	e.flush()
+	e.flushWithin(timeout)
 }
 
 // build calls the factory and records the new instance as the current one.
@@ -163,11 +170,17 @@ func (e *env) build() *instance {
 // delivered so far.
 func (e *env) flush() {
 	e.t.Helper()
+	e.flushWithin(flushTimeout)
+}
+
+// flushWithin is flush, waiting up to timeout.
+func (e *env) flushWithin(timeout time.Duration) {
+	e.t.Helper()
 	in := e.cur
 	if in == nil || !in.running {
 		e.t.Fatal("proxiertest: flush without a running proxier")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- in.p.Flush(ctx) }()

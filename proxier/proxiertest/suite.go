@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -38,6 +39,11 @@ type Options struct {
 	// LogLevel is the least level of the proxier's log records that are
 	// written to the test log. The zero value is slog.LevelInfo.
 	LogLevel slog.Level
+	// RestartProbeInterval is the pause between the new connections each
+	// prober of Restart-NewConnectionsSurvive opens. Zero means 500µs,
+	// which finds a gap of a few milliseconds; a slow machine (an
+	// emulated VM) may set more, up to 20ms (50 connections a second).
+	RestartProbeInterval time.Duration
 }
 
 // testCase is one behaviour the suite checks.
