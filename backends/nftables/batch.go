@@ -639,24 +639,24 @@ func (c *conn) recv() (int, error) {
 	}
 }
 
-// tableExists asks the kernel whether the table exists: the one read a
-// full sync does.
-func (c *conn) tableExists(fam byte, table string) (bool, error) {
-	b := &batch{fam: fam, table: table}
-	b.open(nftSubsys|unix.NFT_MSG_GETTABLE, unix.NLM_F_ACK, fam)
-	b.str(unix.NFTA_TABLE_NAME, table)
+// query sends one request (a get or a dump) and hands each reply to it,
+// with its type and body, until the kernel ends the answer: an error
+// message (errno 0 is an ack), or NLMSG_DONE, reported as errno 0.
+func (c *conn) query(typ, flags uint16, fam byte, attrs func(*batch), reply func(typ uint16, body []byte)) (errno unix.Errno, err error) {
+	b := &batch{fam: fam}
+	b.open(nftSubsys|typ, flags, fam)
+	attrs(b)
 	b.close()
 	c.seq++
 	seq := c.seq
 	binary.NativeEndian.PutUint32(b.buf[8:], seq)
 	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return false, err
+		return 0, err
 	}
-	found := false
 	for {
 		n, err := c.recv()
 		if err != nil {
-			return false, err
+			return 0, err
 		}
 		for off := 0; off+nlmsgHdrLen <= n; {
 			l := int(binary.NativeEndian.Uint32(c.recvBuf[off:]))
@@ -664,21 +664,14 @@ func (c *conn) tableExists(fam byte, table string) (bool, error) {
 				break
 			}
 			typ := binary.NativeEndian.Uint16(c.recvBuf[off+4:])
-			s := binary.NativeEndian.Uint32(c.recvBuf[off+8:])
-			if s == seq {
+			if binary.NativeEndian.Uint32(c.recvBuf[off+8:]) == seq {
 				switch typ {
-				case nftSubsys | unix.NFT_MSG_NEWTABLE:
-					found = true
+				case unix.NLMSG_DONE:
+					return 0, nil
 				case unix.NLMSG_ERROR:
-					errno := -int32(binary.NativeEndian.Uint32(c.recvBuf[off+nlmsgHdrLen:]))
-					switch {
-					case errno == 0:
-						return found, nil
-					case unix.Errno(errno) == unix.ENOENT:
-						return false, nil
-					default:
-						return false, unix.Errno(errno)
-					}
+					return unix.Errno(-int32(binary.NativeEndian.Uint32(c.recvBuf[off+nlmsgHdrLen:]))), nil
+				default:
+					reply(typ, c.recvBuf[off+nlmsgHdrLen:off+l])
 				}
 			}
 			off += align4(l)
@@ -686,8 +679,23 @@ func (c *conn) tableExists(fam byte, table string) (bool, error) {
 	}
 }
 
-// be32 encodes v big endian.
-func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+// tableExists asks the kernel whether the table exists: the one read a
+// full sync does.
+func (c *conn) tableExists(fam byte, table string) (bool, error) {
+	found := false
+	errno, err := c.query(unix.NFT_MSG_GETTABLE, unix.NLM_F_ACK, fam,
+		func(b *batch) { b.str(unix.NFTA_TABLE_NAME, table) },
+		func(typ uint16, _ []byte) { found = found || typ == nftSubsys|unix.NFT_MSG_NEWTABLE })
+	switch {
+	case err != nil:
+		return false, err
+	case errno == unix.ENOENT:
+		return false, nil
+	case errno != 0:
+		return false, errno
+	}
+	return found, nil
+}
 
 // chains lists the names of the table's chains, and reports whether the
 // table exists: what a first sync needs to take over a table that an
@@ -696,59 +704,42 @@ func (c *conn) chains(fam byte, table string) (names []string, exists bool, err 
 	if exists, err = c.tableExists(fam, table); err != nil || !exists {
 		return nil, exists, err
 	}
-	b := &batch{fam: fam, table: table}
-	b.open(nftSubsys|unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, fam)
-	b.str(unix.NFTA_CHAIN_TABLE, table)
-	b.close()
-	c.seq++
-	seq := c.seq
-	binary.NativeEndian.PutUint32(b.buf[8:], seq)
-	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, true, err
-	}
-	for {
-		n, err := c.recv()
-		if err != nil {
-			return nil, true, err
-		}
-		for off := 0; off+nlmsgHdrLen <= n; {
-			l := int(binary.NativeEndian.Uint32(c.recvBuf[off:]))
-			if l < nlmsgHdrLen || off+l > n {
-				break
+	var derr error
+	errno, err := c.query(unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, fam,
+		func(b *batch) { b.str(unix.NFTA_CHAIN_TABLE, table) },
+		func(typ uint16, body []byte) {
+			if typ != nftSubsys|unix.NFT_MSG_NEWCHAIN || len(body) < 4 {
+				return
 			}
-			typ := binary.NativeEndian.Uint16(c.recvBuf[off+4:])
-			s := binary.NativeEndian.Uint32(c.recvBuf[off+8:])
-			if s == seq {
-				switch typ {
-				case unix.NLMSG_DONE:
-					return names, true, nil
-				case unix.NLMSG_ERROR:
-					errno := -int32(binary.NativeEndian.Uint32(c.recvBuf[off+nlmsgHdrLen:]))
-					if errno == 0 {
-						return names, true, nil
-					}
-					return nil, true, fmt.Errorf("list chains: %w", unix.Errno(errno))
-				case nftSubsys | unix.NFT_MSG_NEWCHAIN:
-					// Attributes follow the nfgenmsg header.
-					var tbl, name string
-					ad, err := netlink.NewAttributeDecoder(c.recvBuf[off+nlmsgHdrLen+4 : off+l])
-					if err != nil {
-						return nil, true, fmt.Errorf("list chains: %w", err)
-					}
-					for ad.Next() {
-						switch ad.Type() {
-						case unix.NFTA_CHAIN_TABLE:
-							tbl = ad.String()
-						case unix.NFTA_CHAIN_NAME:
-							name = ad.String()
-						}
-					}
-					if tbl == table && name != "" {
-						names = append(names, name)
-					}
+			// Attributes follow the nfgenmsg header.
+			ad, err := netlink.NewAttributeDecoder(body[4:])
+			if err != nil {
+				derr = err
+				return
+			}
+			var tbl, name string
+			for ad.Next() {
+				switch ad.Type() {
+				case unix.NFTA_CHAIN_TABLE:
+					tbl = ad.String()
+				case unix.NFTA_CHAIN_NAME:
+					name = ad.String()
 				}
 			}
-			off += align4(l)
-		}
+			if tbl == table && name != "" {
+				names = append(names, name)
+			}
+		})
+	switch {
+	case err != nil:
+		return nil, true, err
+	case derr != nil:
+		return nil, true, fmt.Errorf("list chains: %w", derr)
+	case errno != 0:
+		return nil, true, fmt.Errorf("list chains: %w", errno)
 	}
+	return names, true, nil
 }
+
+// be32 encodes v big endian.
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
