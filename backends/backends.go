@@ -92,3 +92,15 @@ func CleanupAll(ctx context.Context, cfg proxier.Config, keep string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// RemoveLeftovers removes, at a proxier's start, what the other backends
+// left in the namespace cfg names, as kube-proxy removes its other modes'
+// rules when it starts: after a switch of backend, the old rules would
+// otherwise keep catching traffic. It is CleanupAll keeping the backend
+// named keep, and best effort: a backend whose objects a live proxier
+// holds is refused (see New) and left alone, and every failure is
+// returned, joined, for the caller to log.
+func RemoveLeftovers(ctx context.Context, cfg proxier.Config, keep string) error {
+	lite := proxier.Config{NetNS: cfg.NetNS, Families: cfg.Families, Logger: cfg.Logger}
+	return CleanupAll(ctx, lite, keep)
+}

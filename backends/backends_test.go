@@ -19,6 +19,7 @@ import (
 	"github.com/proxykit/proxykit/backends"
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -226,6 +227,40 @@ func TestMigration(t *testing.T) {
 				}
 				if residue(t, tp.Node1.NS, to) == "" {
 					t.Errorf("%s's own rules were removed too", to)
+				}
+			})
+		}
+	}
+}
+
+// TestRemoveLeftovers checks that a proxier's start removes what another
+// backend left behind (its proxier gone), and leaves alone what a live
+// proxier of another backend holds.
+func TestRemoveLeftovers(t *testing.T) {
+	testnet.RequireRoot(t)
+	testnet.RequireCommand(t, "nft")
+	names := backends.Names()
+	for _, old := range names {
+		for _, cur := range names {
+			if old == cur {
+				continue
+			}
+			t.Run(old+"-then-"+cur, func(t *testing.T) {
+				tp := testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})
+				svc, slice := objects(tp.Pods[0])
+				_, stopOld := start(t, tp, old, svc, slice)
+				cfg := proxier.Config{NetNS: tp.Node1.Path(), Families: []model.IPFamily{model.IPv4}}
+				// While the old proxier lives, its dataplane stays.
+				err := backends.RemoveLeftovers(t.Context(), cfg, cur)
+				if !errors.Is(err, ownerlock.ErrHeld) || residue(t, tp.Node1.NS, old) == "" {
+					t.Fatalf("with a live %s proxier: %v, residue %q; want it refused and kept", old, err, residue(t, tp.Node1.NS, old))
+				}
+				stopOld() // gone, as after a switch of backend
+				if err := backends.RemoveLeftovers(t.Context(), cfg, cur); err != nil {
+					t.Fatal(err)
+				}
+				if r := residue(t, tp.Node1.NS, old); r != "" {
+					t.Fatalf("%s's leftovers after a %s proxier's start:\n%s", old, cur, r)
 				}
 			})
 		}

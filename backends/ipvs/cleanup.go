@@ -100,5 +100,6 @@ func (b *backend) Close() error {
 		errs = append(errs, b.ns.Close())
 		b.ns = nil
 	}
+	b.lock.Release()
 	return errors.Join(errs...)
 }

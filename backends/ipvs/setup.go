@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -57,6 +58,7 @@ type backend struct {
 	cfg   Config
 	fi    family
 	ns    *netns.NS
+	lock  *ownerlock.Lock // this table in this namespace is ours
 	nl    *netlink.Handle
 	links *links
 	ipvs  *ipvsTable
@@ -96,10 +98,18 @@ func NewBackend(cfg Config, f model.IPFamily) (proxier.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: %w", err)
 	}
+	// One proxier per table: a second one would adopt the first one's
+	// virtual servers and silently fight over them.
+	lock, err := ownerlock.Acquire(ns, fmt.Sprintf("ipvs %s %s", f, cfg.TableName))
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("ipvs: %s table %s: %w", f, cfg.TableName, err)
+	}
 	b := &backend{
 		cfg:      cfg,
 		fi:       newFamily(f, cfg.TableName),
 		ns:       ns,
+		lock:     lock,
 		log:      cfg.Logger.With("backend", "ipvs", "family", f.String()),
 		now:      time.Now,
 		draining: map[vsKey]map[netip.AddrPort]time.Time{},

@@ -34,6 +34,7 @@ type options struct {
 	metricsAddr       string
 	healthzAddr       string
 	netns             string
+	keepLeftovers     bool
 	logger            *slog.Logger
 }
 
@@ -140,6 +141,22 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		}
 		errc <- nil
 	}()
+	if !o.keepLeftovers {
+		// As kube-proxy removes its other modes' rules: once this
+		// backend has synced, so that service never stops, what other
+		// backends left in the namespace goes. A live proxier's is
+		// refused and kept.
+		go func() {
+			if p.Flush(ctx) != nil {
+				return
+			}
+			if err := backends.RemoveLeftovers(ctx, cfg, o.backend); err != nil {
+				log.Warn("leftovers of other backends not all removed", "err", err)
+			} else {
+				log.Info("removed what other backends left in the namespace, if anything")
+			}
+		}()
+	}
 	log.Info("proxy started", "backend", o.backend, "node", o.nodeName)
 	if d.ready != nil {
 		close(d.ready)

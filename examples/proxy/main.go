@@ -27,6 +27,7 @@ func main() {
 	flag.DurationVar(&o.syncPeriod, "sync-period", proxier.DefaultSyncPeriod, "interval of full resyncs")
 	flag.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty disables it")
 	flag.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables them")
+	flag.BoolVar(&o.keepLeftovers, "keep-leftovers", false, "do not remove, once synced, what other backends left in the namespace")
 	flag.StringVar(&o.netns, "netns", "", "program this network namespace (a path like /var/run/netns/x) instead of the process's own")
 	cleanup := flag.Bool("cleanup", false, "remove what every backend programmed on this node, and exit")
 	verbose := flag.Bool("v", false, "log every sync")

@@ -395,7 +395,11 @@ func (t *Topology) waitAddrsReady(timeout time.Duration) error {
 		h := t.handles[ns]
 		for {
 			pending, err := pendingAddrs(h)
-			if err != nil {
+			switch {
+			case errors.Is(err, netlink.ErrDumpInterrupted):
+				// The addresses changed during the dump: look again.
+				pending = []string{"(dump interrupted)"}
+			case err != nil:
 				return fmt.Errorf("addresses of %s: %w", ns.name, err)
 			}
 			if len(pending) == 0 {
