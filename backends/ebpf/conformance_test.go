@@ -111,8 +111,8 @@ func factory(t *testing.T, mod func(*Config)) proxiertest.Factory {
 			CgroupPath:  cg,
 			PinPath:     pin,
 			PodNetNS:    pods,
-			MaxServices: 1024,
-			MaxBackends: 4096,
+			MaxServices: 8192,
+			MaxBackends: 8192,
 			MaxAffinity: 4096,
 			MaxSockets:  4096,
 		}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -392,9 +393,8 @@ const addrsReadyTimeout = 20 * time.Second
 func (t *Topology) waitAddrsReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, ns := range t.nss {
-		h := t.handles[ns]
 		for {
-			pending, err := pendingAddrs(h)
+			pending, err := t.pendingAddrs(ns)
 			switch {
 			case errors.Is(err, netlink.ErrDumpInterrupted):
 				// The addresses changed during the dump: look again.
@@ -414,9 +414,28 @@ func (t *Topology) waitAddrsReady(timeout time.Duration) error {
 	return nil
 }
 
-// pendingAddrs lists the IPv6 addresses of the handle's namespace that
-// are tentative or have no route in the local table yet.
-func pendingAddrs(h *netlink.Handle) ([]string, error) {
+// localRoute is a route of the local table: its type, device and
+// destination.
+type localRoute struct {
+	typ  int
+	link int
+	dst  netip.Addr
+}
+
+// pendingAddrs lists what the kernel has yet to add to ns for its IPv6
+// addresses. Per link that is up: the link-local address it generates
+// (addr_gen_mode 0) once it learns of the carrier; the local route of
+// every address, of that link (node1 holds the same gateway addresses
+// on every pod link: the route of one does not make the others usable);
+// and, where the link forwards, the subnet-router anycast route of every
+// prefix shorter than /127, which the kernel adds right after the local
+// route.
+func (t *Topology) pendingAddrs(ns *NS) ([]string, error) {
+	h := t.handles[ns]
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, err
+	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
 	if err != nil {
 		return nil, err
@@ -425,26 +444,68 @@ func pendingAddrs(h *netlink.Handle) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	local := map[netip.Addr]bool{}
+	have := map[localRoute]bool{}
 	for _, r := range routes {
-		if r.Dst == nil || r.Type != unix.RTN_LOCAL {
+		if r.Dst == nil {
 			continue
 		}
 		if a, ok := netip.AddrFromSlice(r.Dst.IP); ok {
-			local[a] = true
+			have[localRoute{r.Type, r.LinkIndex, a}] = true
 		}
 	}
-	var pending []string
+	byLink := map[int][]netlink.Addr{}
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok {
+		byLink[a.LinkIndex] = append(byLink[a.LinkIndex], a)
+	}
+	var pending []string
+	for _, l := range links {
+		attrs := l.Attrs()
+		if attrs.Flags&net.FlagUp == 0 {
 			continue
 		}
-		if a.Flags&unix.IFA_F_TENTATIVE != 0 || !local[ip] {
-			pending = append(pending, a.IPNet.String())
+		forwarding := false
+		if attrs.Flags&net.FlagLoopback == 0 {
+			conf := func(key string) (string, error) { return ns.Sysctl("net/ipv6/conf/" + attrs.Name + "/" + key) }
+			mode, err := conf("addr_gen_mode")
+			if err != nil {
+				return nil, err
+			}
+			if ll, ok := eui64LinkLocal(attrs.HardwareAddr); ok && mode == "0" &&
+				!slices.ContainsFunc(byLink[attrs.Index], func(a netlink.Addr) bool { return a.IP.Equal(ll.AsSlice()) }) {
+				pending = append(pending, fmt.Sprintf("link-local %s of %s", ll, attrs.Name))
+			}
+			fwd, err := conf("forwarding")
+			if err != nil {
+				return nil, err
+			}
+			forwarding = fwd == "1"
+		}
+		for _, a := range byLink[attrs.Index] {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok {
+				continue
+			}
+			if a.Flags&unix.IFA_F_TENTATIVE != 0 || !have[localRoute{unix.RTN_LOCAL, attrs.Index, ip}] {
+				pending = append(pending, fmt.Sprintf("%s on %s", a.IPNet, attrs.Name))
+				continue
+			}
+			if bits, _ := a.Mask.Size(); forwarding && bits < 127 {
+				if p, err := ip.Prefix(bits); err == nil && !have[localRoute{unix.RTN_ANYCAST, attrs.Index, p.Addr()}] {
+					pending = append(pending, fmt.Sprintf("anycast %s on %s", p.Addr(), attrs.Name))
+				}
+			}
 		}
 	}
 	return pending, nil
+}
+
+// eui64LinkLocal returns the link-local address the kernel generates for
+// an Ethernet address with addr_gen_mode 0.
+func eui64LinkLocal(mac net.HardwareAddr) (netip.Addr, bool) {
+	if len(mac) != 6 {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFrom16([16]byte{0: 0xfe, 1: 0x80, 8: mac[0] ^ 2, 9: mac[1], 10: mac[2], 11: 0xff, 12: 0xfe, 13: mac[3], 14: mac[4], 15: mac[5]}), true
 }
 
 // createHosts creates the namespaces and fills in the hosts' addresses.
