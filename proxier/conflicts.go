@@ -73,7 +73,15 @@ func newOwners() *owners {
 // A service port that changes keeps the keys it owned; service ports
 // that owned keys before are settled before newcomers.
 func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, names []model.ServicePortName) (flipped []model.ServicePortName, rejectedNow map[model.ServicePortName]error) {
-	slices.SortFunc(names, model.ServicePortName.Compare)
+	// Only the service ports that changed are settled, in name order;
+	// a full sync hands in every name, most of them unchanged.
+	changed := names[:0:0]
+	for _, n := range names {
+		if old, had := o.seen[n]; !had || old != services[n] {
+			changed = append(changed, n)
+		}
+	}
+	slices.SortFunc(changed, model.ServicePortName.Compare)
 	released := false
 	reject := func(n model.ServicePortName, err error) {
 		o.rejected[n] = err
@@ -84,12 +92,9 @@ func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, n
 		flipped = append(flipped, n)
 	}
 	var newcomers []model.ServicePortName
-	for _, n := range names {
+	for _, n := range changed {
 		sp := services[n]
 		old, had := o.seen[n]
-		if had && old == sp {
-			continue // unchanged
-		}
 		_, wasRejected := o.rejected[n]
 		if sp == nil {
 			if had && !wasRejected && o.release(n, old, nil) {
