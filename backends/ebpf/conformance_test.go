@@ -47,7 +47,7 @@ func TestConformance(t *testing.T) {
 // natively; the skips are what this part leaves to the composed nftables
 // rules.
 func TestConformanceSocketOnly(t *testing.T) {
-	proxiertest.Run(t, factory(t, func(c *Config) { c.SocketOnly = true }), proxiertest.Options{Skip: socketOnlySkips()})
+	proxiertest.Run(t, factory(t, func(c *Config) { c.SocketOnly = true }), proxiertest.Options{Skip: socketOnlySkips(), NodeOnly: true})
 }
 
 // TestConformanceMaglev runs the suite with Maglev selection, on the
@@ -61,7 +61,7 @@ func TestConformanceMaglev(t *testing.T) {
 		c.SocketOnly = true
 		c.Selection = SelectionMaglev
 		c.MaxMaglevTables = 256
-	}), proxiertest.Options{Skip: socketOnlySkips()})
+	}), proxiertest.Options{Skip: socketOnlySkips(), NodeOnly: true})
 }
 
 // socketOnlySkips are the cases the socket programs alone leave to the
@@ -82,7 +82,7 @@ func socketOnlySkips() map[string]string {
 		"ExternalTrafficPolicyLocal-SourcePreserved", "ExternalTrafficPolicyLocal-NoLocalEndpointsDrops",
 		"InternalTrafficPolicyLocal", "InternalTrafficPolicyLocal-NoLocalEndpointsDrops",
 		"Masquerade-ExternalToRemoteEndpoint", "SessionAffinity-Sticks", "Coexistence",
-		"Restart-EstablishedTCPSurvives", "Restart-NewConnectionsSurvive", "Cleanup-RemovesEverything", "Cleanup-ByNewInstance", "DualStack",
+		"Cleanup-RemovesEverything", "Cleanup-ByNewInstance", "DualStack",
 	} {
 		skip[c] = fromClient
 	}

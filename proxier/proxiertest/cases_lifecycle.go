@@ -128,13 +128,20 @@ func restart(e *env) {
 		c    net.Conn
 	}
 	var conns []conn
-	for _, x := range []struct {
+	dials := []struct {
 		from *testnet.Host
 		d    dest
 	}{
 		{&e.pod(1, 3).Host, tcpTo(e.clusterIP(svc, 90))},
-		{e.client(), tcpTo(addrPort(ext, 30090))},
-	} {
+		{e.node1(), tcpTo(e.clusterIP(svc, 90))},
+	}
+	if !e.opts.NodeOnly {
+		dials = append(dials, struct {
+			from *testnet.Host
+			d    dest
+		}{e.client(), tcpTo(addrPort(ext, 30090))})
+	}
+	for _, x := range dials {
 		c, err := x.from.DialTCP(x.d.addr, answerTimeout)
 		if err != nil {
 			e.t.Fatalf("%s -> %s: %v", x.from.Name, x.d, err)
@@ -157,7 +164,9 @@ func restart(e *env) {
 	e.start()
 	echo("after a new proxier started")
 	e.reaches(&e.pod(1, 3).Host, tcpTo(e.clusterIP(svc, 80)), 8080, 20, p11, p21)
-	e.answers(e.client(), tcpTo(addrPort(ext, 30080)), 8080, 5, p11, p21)
+	if !e.opts.NodeOnly {
+		e.answers(e.client(), tcpTo(addrPort(ext, 30080)), 8080, 5, p11, p21)
+	}
 	echo("after new connections")
 }
 
@@ -310,7 +319,12 @@ func restartNewConnections(e *env) {
 	}{
 		{e.node1(), tcpTo(e.clusterIP(svc, 80))},
 		{&e.pod(1, 3).Host, tcpTo(e.clusterIP(svc, 80))},
-		{e.client(), tcpTo(addrPort(ext, 30080))},
+	}
+	if !e.opts.NodeOnly {
+		probes = append(probes, struct {
+			from *testnet.Host
+			d    dest
+		}{e.client(), tcpTo(addrPort(ext, 30080))})
 	}
 	type failure struct {
 		what string

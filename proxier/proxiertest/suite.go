@@ -44,6 +44,12 @@ type Options struct {
 	// which finds a gap of a few milliseconds; a slow machine (an
 	// emulated VM) may set more, up to 20ms (50 connections a second).
 	RestartProbeInterval time.Duration
+	// NodeOnly says the backend serves only connections that start on
+	// the node and in its pods (the eBPF backend's socket-only mode):
+	// cases about the node and its pods that also probe from the outside
+	// client (the restart cases) leave that probe out. Cases that are
+	// only about outside traffic still belong in Skip.
+	NodeOnly bool
 }
 
 // testCase is one behaviour the suite checks.
