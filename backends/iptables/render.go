@@ -327,13 +327,19 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	hasSVC := hasCluster && len(internal) > 0
 	if hasSVC {
 		first := len(w.ends)
+		// The masquerade rules match the cluster IP: external traffic
+		// that a Local service's EXT chain sends here (pods and the
+		// node) is not cluster IP traffic (as in kube-proxy).
 		switch {
 		case r.masqAll:
-			w.str(r.markRule)
+			dst(clusterIP)
+			w.str(" ", r.markRule)
 		case len(r.cidrs) == 1:
-			w.str("! -s ", r.cidrs[0].String(), " ", r.markRule)
+			dst(clusterIP)
+			w.str(" ! -s ", r.cidrs[0].String(), " ", r.markRule)
 		case len(r.cidrs) > 1:
-			w.str("-j ", r.fMarkOutside)
+			dst(clusterIP)
+			w.str(" -j ", r.fMarkOutside)
 		}
 		balance(svc, identity, len(internal), first)
 		if r.badRule != nil {
@@ -352,12 +358,20 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	if !external {
 		return w.rendering(), nil
 	}
+	// Pods and the node itself reach a Local service's external
+	// addresses through its cluster-wide endpoints (kube-proxy's
+	// "short-circuit" rules), also when the node has no local endpoint.
+	shortCircuit := sp.ExternalPolicy == model.PolicyLocal && hasSVC
 	if len(externalEps) == 0 {
+		// What the EXT chain does not send on is dropped in filter,
+		// after DNAT.
 		filterAll(false, "has no local endpoints", "DROP")
-		return w.rendering(), nil
+		if !shortCircuit {
+			return w.rendering(), nil
+		}
 	}
 	ext, xlb := chainName(kindEXT), chainName(kindXLB)
-	useXLB := true
+	useXLB := len(externalEps) > 0
 	first := len(w.ends)
 	if sp.ExternalPolicy != model.PolicyLocal {
 		w.str(r.markRule)
@@ -365,10 +379,9 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			w.gotoChain(svc)
 			useXLB = false
 		}
-	} else if hasSVC {
-		// Pods and the node itself reach a Local service's external
-		// addresses through its cluster endpoints; the node's own
-		// traffic is masqueraded (as kube-proxy does).
+	} else if shortCircuit {
+		// Pods keep their address; the node's own traffic is
+		// masqueraded (its source would be the external address itself).
 		for _, p := range r.cidrs {
 			w.b = append(w.b, "-s "...)
 			w.b = p.AppendTo(w.b)

@@ -160,7 +160,7 @@ func TestRenderPolicies(t *testing.T) {
 			t.Errorf("no node port rule: %v", rd[tNAT].shared)
 		}
 		// Cluster traffic from outside the cluster CIDR is masqueraded.
-		if c := chainsOfKind(rd, kindSVC); c[0].rules[0] != "! -s 10.0.0.0/16 -j MARK --or-mark 0x4000" {
+		if c := chainsOfKind(rd, kindSVC); c[0].rules[0] != "-d 10.96.1.1/32 -p tcp -m tcp --dport 80 ! -s 10.0.0.0/16 -j MARK --or-mark 0x4000" {
 			t.Errorf("SVC chain %v", c[0].rules)
 		}
 	})
@@ -205,8 +205,14 @@ func TestRenderPolicies(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("filter rules:\n%s", strings.Join(got, "\n"))
 		}
-		if len(chainsOfKind(rd, kindEXT)) != 0 {
-			t.Error("EXT chain without external endpoints")
+		// The EXT chain sends pods and the node to the cluster
+		// endpoints; the rest falls through to the DROP rules.
+		svc := r.n.chain(kindSVC, r.n.serviceHash(s.Port.Name))
+		ext := chainsOfKind(rd, kindEXT)
+		wantExt := []string{"-s 10.0.0.0/16 -g " + svc, "-m addrtype --src-type LOCAL -j MARK --or-mark 0x4000",
+			"-m addrtype --src-type LOCAL -g " + svc}
+		if len(ext) != 1 || !slices.Equal(ext[0].rules, wantExt) {
+			t.Errorf("EXT chain %+v, want %v", ext, wantExt)
 		}
 	})
 
@@ -277,8 +283,8 @@ func TestRenderMasquerade(t *testing.T) {
 		first string
 	}{
 		{"none", Config{}, "-m statistic"},
-		{"all", Config{Config: proxier.Config{MasqueradeAll: true}}, "-j MARK --or-mark 0x4000"},
-		{"two CIDRs", Config{Config: proxier.Config{ClusterCIDRs: two}}, "-j PROXYKIT-MARK-OUTSIDE"},
+		{"all", Config{Config: proxier.Config{MasqueradeAll: true}}, "-d 10.96.3.1/32 -p tcp -m tcp --dport 80 -j MARK --or-mark 0x4000"},
+		{"two CIDRs", Config{Config: proxier.Config{ClusterCIDRs: two}}, "-d 10.96.3.1/32 -p tcp -m tcp --dport 80 -j PROXYKIT-MARK-OUTSIDE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.Targets.Internal = eps("10.0.1.2:8080", "10.0.2.2:8080")

@@ -369,9 +369,17 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	if !external {
 		return o, encErr
 	}
+	// Pods and the node itself reach a Local service's external addresses
+	// through its cluster-wide endpoints (kube-proxy's "short-circuit"
+	// rules), also when the node has no local endpoint.
+	shortCircuit := sp.ExternalPolicy == model.PolicyLocal && len(internal) > 0
 	if len(externalEps) == 0 {
+		// What the external chain does not send on is dropped by the
+		// filter chains' endpoint check, after DNAT.
 		noEndpoints(add, nil, extKeys, npKey, drop)
-		return o, encErr
+		if !shortCircuit {
+			return o, encErr
+		}
 	}
 	slots := slotsOf(1, externalEps)
 
@@ -419,22 +427,19 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			c.enc = append(c.enc, ownGroup(1, slots)...)
 		}
 	} else {
-		if len(internal) > 0 {
-			// Pods and the node itself reach a Local service's external
-			// addresses through its cluster endpoints, masquerading the
-			// node's own traffic (as kube-proxy does).
+		if shortCircuit {
+			// Pods keep their address; the node's own traffic is
+			// masqueraded (its source would be the external address
+			// itself). masqueradeAll does not apply: kube-proxy
+			// masquerades it by cluster IP destination only.
 			if r.clusterCIDRs {
-				ru := rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false)}
-				if clusterPrefix != nil && r.masqAll {
-					// What the cluster chain's mark-cluster-masquerade
-					// would do.
-					ru = append(ru, setMark(r.bit)...)
-				}
-				c.enc = append(c.enc, toCluster(ru))
+				c.enc = append(c.enc, toCluster(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false)}))
 			}
 			c.enc = append(c.enc, toCluster(append(fibLocal(true, expr.CmpOpEq), setMark(r.bit)...)))
 		}
-		c.enc = append(c.enc, ownGroup(1, slots)...)
+		if len(externalEps) > 0 {
+			c.enc = append(c.enc, ownGroup(1, slots)...)
+		}
 	}
 	o.chains = append(o.chains, c)
 	for _, k := range extKeys {

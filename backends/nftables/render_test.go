@@ -197,7 +197,9 @@ func TestRenderPolicies(t *testing.T) {
 		t.Errorf("%d range elements, want 2 (the node port's)", n)
 	}
 
-	// External Local without local endpoints: node port dropped.
+	// External Local without local endpoints: the node port is dropped
+	// after DNAT, and its chain sends only pods and the node on (to the
+	// cluster endpoints).
 	s = clusterSvc("local", model.TCP, "10.96.0.4", 80, "10.0.2.2:8080")
 	s.Port.NodePort = 30081
 	s.Port.ExternalPolicy = model.PolicyLocal
@@ -209,8 +211,11 @@ func TestRenderPolicies(t *testing.T) {
 	if d := elemsOf(o, setNoEndpointPorts); len(d) != 1 || d[0].verdict.code != nfDrop {
 		t.Fatalf("node port: %+v, want drop", d)
 	}
-	if got := chainNamesOf(o); len(got) != 0 {
-		t.Fatalf("chains %v", got)
+	if got := chainNamesOf(o); !slices.Equal(got, []string{"ext-default/local/tcp"}) || len(o.chains[0].enc) != 2 {
+		t.Fatalf("chains %v, want the external chain with the pod and node rules", got)
+	}
+	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].verdict.chain != "ext-default/local/tcp" {
+		t.Fatalf("node port: %+v, want goto the external chain", d)
 	}
 
 	// External Local with a local endpoint: a chain of its own, sending

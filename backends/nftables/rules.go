@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/google/nftables/expr"
@@ -252,12 +253,16 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 		append(ipKey[:len(ipKey):len(ipKey)], vmap(setServiceIPs, reg(0))),
 		append(fi.nodePortMatch(nodePortAddrs), append(portKeyExprs(), vmap(setServiceNodePorts, reg(0)))...),
 	)
+	// Cluster chains are also where a Local service's external addresses
+	// send pods and the node (see renderer.service); as in kube-proxy,
+	// these masquerade rules apply to cluster IP destinations only.
+	toClusterIP := rule{fi.loadDaddr(reg(0)), lookup(setClusterIPs, reg(0), false)}
 	switch {
 	case masqAll:
-		add(chainMasqCluster, nil, setMark(bit))
+		add(chainMasqCluster, nil, append(toClusterIP, setMark(bit)...))
 	case clusterCIDRs:
 		add(chainMasqCluster, nil,
-			append(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), true)}, setMark(bit)...))
+			slices.Concat(toClusterIP, rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), true)}, setMark(bit)))
 	}
 
 	for sh := range uint32(numShards) {
@@ -275,8 +280,9 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 	add(chainFilterPrerouting, &hook{unix.NF_INET_PRE_ROUTING, prioFilterPreDNAT, "filter"}, fi.firewallRule())
 	add(chainFilterInput, &hook{unix.NF_INET_LOCAL_IN, prioFilterPreDNAT, "filter"}, newCheck)
 	add(chainFilterForward, &hook{unix.NF_INET_FORWARD, prioFilterPreDNAT, "filter"}, newCheck, clusterIPReject)
-	add(chainFilterOutput, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPreDNAT, "filter"}, newCheck)
-	add(chainFilterOutputPost, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPostDNAT, "filter"}, clusterIPReject)
+	// The node's own traffic is checked after DNAT, as on input and
+	// forward: what a service chain sent on is not dropped.
+	add(chainFilterOutputPost, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPostDNAT, "filter"}, newCheck, clusterIPReject)
 	add(chainNATPrerouting, &hook{unix.NF_INET_PRE_ROUTING, prioDNAT, "nat"}, rule{jump(chainServices)})
 	add(chainNATOutput, &hook{unix.NF_INET_LOCAL_OUT, prioDNAT, "nat"}, rule{jump(chainServices)})
 	add(chainNATPostrouting, &hook{unix.NF_INET_POST_ROUTING, prioSNAT, "nat"},

@@ -50,11 +50,13 @@ var cases = []testCase{
 	// Traffic policies and masquerade.
 	{name: "ExternalTrafficPolicyLocal-SourcePreserved", run: externalLocalSource},
 	{name: "ExternalTrafficPolicyLocal-NoLocalEndpointsDrops", run: externalLocalDrops},
+	{name: "ExternalTrafficPolicyLocal-InClusterClientsReachAll", run: externalLocalInCluster},
 	{name: "InternalTrafficPolicyLocal", run: internalLocalCase},
 	{name: "InternalTrafficPolicyLocal-NoLocalEndpointsDrops", run: internalLocalDrops},
 	{name: "Masquerade-ExternalToRemoteEndpoint", run: masqExternalToRemote},
 	{name: "Masquerade-NodeToRemoteEndpoint", run: masqNodeToRemote},
 	{name: "Masquerade-PodToServiceKeepsSource", run: masqPodKeepsSource},
+	{name: "Masquerade-AllIsForClusterIPs", run: masqAllClusterIPsOnly},
 	{name: "Hairpin", run: hairpin},
 
 	// Session affinity.

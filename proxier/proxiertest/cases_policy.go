@@ -1,5 +1,7 @@
 package proxiertest
 
+import "github.com/proxykit/proxykit/proxier"
+
 // externalLocalSource: with externalTrafficPolicy Local, node port and
 // load-balancer traffic reaches only the node's own endpoint, and the pod
 // sees the client's real address.
@@ -29,6 +31,35 @@ func externalLocalDrops(e *env) {
 	e.silent(e.client(), tcpTo(addrPort(e.tn.Node1.ExternalIP(e.fam), 30083)))
 	e.silent(e.client(), tcpTo(e.lbIP(svc, 0, 80)))
 	e.answers(&e.pod(1, 3).Host, tcpTo(e.clusterIP(svc, 80)), 8080, 5, p21)
+}
+
+// externalLocalInCluster: with externalTrafficPolicy Local and no
+// endpoint on this node, pods and the node itself still reach the
+// service's external addresses (node port, external IP, load-balancer
+// IP) through its cluster-wide endpoints, as kube-proxy sends them: a
+// pod keeps its address, the node's own traffic is masqueraded. Only
+// traffic from outside is held to the (missing) local endpoints and
+// dropped.
+func externalLocalInCluster(e *env) {
+	p21 := e.pod(2, 1)
+	pod := &e.pod(1, 3).Host
+	svc := e.service("local", loadBalancer([]int32{30086}, 0), externalIPs(0), externalLocal(30997))
+	e.apply(svc, e.slicesFor(svc, ready(p21)))
+	e.start()
+	for _, d := range []dest{
+		tcpTo(addrPort(e.tn.Node1.IP(e.fam), 30086)),
+		tcpTo(e.externalIP(svc, 80)),
+		tcpTo(e.lbIP(svc, 0, 80)),
+	} {
+		r := e.answers(pod, d, 8080, 3, p21)
+		e.sawSource(pod, d, r, pod.IP(e.fam), "a pod's traffic to a Local service's external address goes to all endpoints, not masqueraded")
+		r = e.answers(e.node1(), d, 8080, 3, p21)
+		e.sawSource(e.node1(), d, r, e.tn.Node1.IP(e.fam), "the node's traffic to a Local service's external address goes to all endpoints, masqueraded")
+	}
+	if !e.opts.NodeOnly {
+		e.silent(e.client(), tcpTo(addrPort(e.tn.Node1.ExternalIP(e.fam), 30086)))
+		e.silent(e.client(), tcpTo(e.lbIP(svc, 0, 80)))
+	}
 }
 
 // internalLocalCase: with internalTrafficPolicy Local, cluster IP traffic
@@ -89,6 +120,26 @@ func masqNodeToRemote(e *env) {
 	d := tcpTo(e.clusterIP(svc, 80))
 	replies := e.answers(e.node1(), d, 8080, 5, p21)
 	e.sawSource(e.node1(), d, replies, e.tn.Node1.IP(e.fam), "the node's traffic comes from outside the cluster CIDRs and is masqueraded")
+}
+
+// masqAllClusterIPsOnly: with MasqueradeAll (kube-proxy's
+// --masquerade-all), traffic to cluster IPs is masqueraded, from pods
+// too, but a pod's traffic to a Local service's external addresses,
+// which goes to the cluster-wide endpoints, keeps the pod's address (as
+// kube-proxy matches masqueradeAll by cluster IP destination).
+func masqAllClusterIPsOnly(e *env) {
+	e.configure = func(c *proxier.Config) { c.MasqueradeAll = true }
+	p21 := e.pod(2, 1)
+	pod := &e.pod(1, 3).Host
+	svc := e.service("local", loadBalancer([]int32{30087}, 0), externalLocal(30996))
+	e.apply(svc, e.slicesFor(svc, ready(p21)))
+	e.start()
+	d := tcpTo(e.clusterIP(svc, 80))
+	r := e.answers(pod, d, 8080, 3, p21)
+	e.sawSource(pod, d, r, e.tn.Node1.IP(e.fam), "masqueradeAll masquerades cluster IP traffic")
+	d = tcpTo(e.lbIP(svc, 0, 80))
+	r = e.answers(pod, d, 8080, 3, p21)
+	e.sawSource(pod, d, r, pod.IP(e.fam), "masqueradeAll masquerades by cluster IP destination only")
 }
 
 // masqPodKeepsSource: pod-to-service traffic keeps the pod's address,

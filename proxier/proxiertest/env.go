@@ -41,6 +41,9 @@ type env struct {
 	opts    Options
 	tn      *testnet.Topology
 	log     *slog.Logger
+	// configure, when set, changes the configuration of the proxiers
+	// the case builds after it is set (see env.config).
+	configure func(*proxier.Config)
 
 	svcs   map[string]*v1.Service
 	slices map[string]*discoveryv1.EndpointSlice
@@ -110,7 +113,7 @@ func (e *env) config() proxier.Config {
 	for _, f := range e.families() {
 		cidrs = append(cidrs, testnet.PodNetwork(f))
 	}
-	return proxier.Config{
+	c := proxier.Config{
 		NetNS:           e.tn.Node1.Path(),
 		NodeName:        testnet.Node1Name,
 		Families:        e.families(),
@@ -120,6 +123,10 @@ func (e *env) config() proxier.Config {
 		RetryInterval:   retryInterval,
 		Logger:          e.log,
 	}
+	if e.configure != nil {
+		e.configure(&c)
+	}
+	return c
 }
 
 // start builds a proxier with the factory, delivers every object known so
