@@ -2,7 +2,8 @@
 # Runs the whole test suite. Privileged tests (network namespaces, real
 # kernel dataplanes) need root; run this with sudo. Installs the few Debian
 # packages the tests use to inspect the kernel if they are missing, and
-# the control plane of the end-to-end tests (hack/testcluster/build.sh).
+# the control plane of the end-to-end tests (hack/testcluster/build.sh)
+# and the kube-proxy oracle (hack/kubeproxy/build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,9 @@ else
 	# etcd-server from apt, kube-apiserver built once into
 	# /var/cache/proxykit (~8 min the first time, reused afterwards).
 	hack/testcluster/build.sh >/dev/null
+	# The kube-proxy oracle (kube-proxy's own proxiers, the reference of
+	# TestKubeProxyDifferential), built the same way (~3 min cold).
+	hack/kubeproxy/build.sh >/dev/null
 	# Test namespaces are bind-mounted in /run/netns, which is made a
 	# shared mount point first (as `ip netns add` does), so that a
 	# namespace's unmount reaches the copies of processes in other mount

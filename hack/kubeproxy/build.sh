@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds kube-proxy-oracle: the pinned upstream kube-proxy's proxiers
+# (k8s.io/kubernetes pkg/proxy/nftables and pkg/proxy/iptables, at the
+# version in hack/kubeproxy/oracle/go.mod) behind a line protocol on stdin
+# and stdout, so that tests can program a network namespace exactly as
+# kube-proxy does (see hack/kubeproxy/oracle/main.go and internal/kubeproxy).
+# The binary goes into a cache directory outside the repository and is
+# reused when it is already there; internal/kubeproxy finds it by the same
+# rules.
+#
+# Usage: hack/kubeproxy/build.sh [--force]
+#   PROXYKIT_CACHE   cache directory (default /var/cache/proxykit)
+#
+# A cold build takes a few minutes on 2 cores (far less when
+# hack/testcluster/build.sh has warmed the Go build cache). It prints the
+# path the tests use.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${PROXYKIT_CACHE:-/var/cache/proxykit}"
+force=0
+[ "${1:-}" = "--force" ] && force=1
+
+log() { echo "hack/kubeproxy/build.sh: $*" >&2; }
+
+src="$here/oracle"
+version="$(awk '($1 == "k8s.io/kubernetes" && $2 ~ /^v/) { print $2 } ($1 == "require" && $2 == "k8s.io/kubernetes") { print $3 }' "$src/go.mod" | head -n1)"
+if [ -z "$version" ]; then
+	log "no 'require k8s.io/kubernetes vX.Y.Z' line in $src/go.mod"
+	exit 1
+fi
+out="$cache/kube-proxy-oracle-$version"
+if [ "$force" -eq 1 ] || [ ! -x "$out" ]; then
+	mkdir -p "$cache"
+	minor="${version#v1.}"
+	minor="${minor%%.*}"
+	log "building kube-proxy-oracle $version into $out"
+	start=$(date +%s)
+	tmp="$out.tmp.$$"
+	trap 'rm -f "$tmp"' EXIT
+	(
+		cd "$src"
+		# The module is outside the main module's tree walk (own go.mod);
+		# GOWORK=off keeps any go.work from pulling it in.
+		GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 go build -trimpath \
+			-ldflags "-s -w \
+				-X k8s.io/component-base/version.gitVersion=$version \
+				-X k8s.io/component-base/version.gitMajor=1 \
+				-X k8s.io/component-base/version.gitMinor=$minor \
+				-X k8s.io/component-base/version.gitTreeState=clean" \
+			-o "$tmp" .
+	)
+	mv -f "$tmp" "$out"
+	trap - EXIT
+	log "built in $(($(date +%s) - start)) s"
+fi
+
+echo "kube-proxy-oracle=$out"
