@@ -18,7 +18,7 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
-	}, proxiertest.Options{})
+	}, proxiertest.Options{LocalhostNodePorts: true})
 }
 
 // TestConformanceLegacy runs the suite against iptables-legacy, which
@@ -30,5 +30,5 @@ func TestConformanceLegacy(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
-	}, proxiertest.Options{})
+	}, proxiertest.Options{LocalhostNodePorts: true})
 }

@@ -66,6 +66,14 @@ type renderer struct {
 	// npMatches select the node addresses node ports open on; one
 	// jump to the NODEPORTS chains each.
 	npMatches []string
+	// npSkipLoopback makes loopback destinations leave the node port
+	// dispatch before npMatches (a configured range holds them but
+	// localhost node ports are off).
+	npSkipLoopback bool
+	// localhost serves node ports on 127.0.0.1 (see
+	// [Config.NoLocalhostNodePorts]).
+	localhost bool
+	loopback  string // "127.0.0.0/8" or "::1/128"
 	// badRule, set by tests only, adds an invalid rule to a service
 	// port's SVC chain.
 	badRule func(model.ServicePortName) string
@@ -82,26 +90,62 @@ func newRenderer(cfg Config, fam model.IPFamily, n names, randomFully bool) *ren
 	r.markRule = "-j MARK --or-mark " + r.bit
 	r.fServices, r.fExternal, r.fNodePorts = n.fixed(chServices), n.fixed(chExternal), n.fixed(chNodePorts)
 	r.fFirewall, r.fMarkOutside = n.fixed(chFirewall), n.fixed(chMarkOutside)
-	loopback := "127.0.0.0/8"
+	r.loopback = "127.0.0.0/8"
 	if fam == model.IPv6 {
-		r.hostBits, loopback = "/128", "::1/128"
+		r.hostBits, r.loopback = "/128", "::1/128"
 	}
 	for _, p := range cfg.ClusterCIDRs {
 		if p.IsValid() && fam.Contains(p.Addr()) {
 			r.cidrs = append(r.cidrs, unmapPrefix(p))
 		}
 	}
+	r.localhost = localhostNodePorts(cfg, fam)
+	loopback := netip.MustParsePrefix(r.loopback)
 	for _, p := range cfg.NodePortAddresses {
-		if p.IsValid() && fam.Contains(p.Addr()) {
-			r.npMatches = append(r.npMatches, "-d "+unmapPrefix(p).String()+" -m addrtype --dst-type LOCAL")
+		if !p.IsValid() || !fam.Contains(p.Addr()) {
+			continue
 		}
+		p = unmapPrefix(p)
+		if p.Overlaps(loopback) && !r.localhost {
+			// As kube-proxy: loopback addresses never open node ports
+			// unless localhost node ports are on.
+			if loopback.Bits() <= p.Bits() {
+				continue
+			}
+			r.npSkipLoopback = true
+		}
+		r.npMatches = append(r.npMatches, "-d "+p.String()+" -m addrtype --dst-type LOCAL")
 	}
 	if len(r.npMatches) == 0 {
-		// Every local address but loopback: a node port on 127.0.0.1
-		// would need route_localnet, which the backend does not set.
-		r.npMatches = []string{"! -d " + loopback + " -m addrtype --dst-type LOCAL"}
+		// Every local address; loopback only with localhost node ports
+		// (which need route_localnet, set by NewBackend).
+		m := "-m addrtype --dst-type LOCAL"
+		if !r.localhost {
+			m = "! -d " + r.loopback + " " + m
+		}
+		r.npMatches = []string{m}
 	}
 	return r
+}
+
+// localhostNodePorts reports whether node ports open on 127.0.0.1 for
+// fam: IPv4 only, unless turned off, and only when the node port
+// addresses include loopback (none configured includes everything), as
+// in kube-proxy.
+func localhostNodePorts(cfg Config, fam model.IPFamily) bool {
+	if fam != model.IPv4 || cfg.NoLocalhostNodePorts {
+		return false
+	}
+	any4 := false
+	for _, p := range cfg.NodePortAddresses {
+		if p.IsValid() && fam.Contains(p.Addr()) {
+			any4 = true
+			if unmapPrefix(p).Contains(netip.AddrFrom4([4]byte{127, 0, 0, 0})) {
+				return true
+			}
+		}
+	}
+	return !any4
 }
 
 func unmapPrefix(p netip.Prefix) netip.Prefix {
@@ -671,6 +715,9 @@ func (r *renderer) fixedChains(t table) (chains []chainRules, tail []sharedRule)
 			chains = append(chains, c)
 		}
 		chains = append(chains, canary)
+		if r.npSkipLoopback {
+			tail = append(tail, sharedRule{f(chServices), "-d " + r.loopback + " -j RETURN"})
+		}
 		for _, m := range r.npMatches {
 			tail = append(tail, sharedRule{f(chServices), comment(strings.ToLower(r.n.prefix)+" service nodeports; must be the last rule in this chain") + " " + m + " -j " + f(chNodePorts)})
 		}
@@ -679,14 +726,29 @@ func (r *renderer) fixedChains(t table) (chains []chainRules, tail []sharedRule)
 			{name: f(chServices)},
 			{name: f(chExternal)},
 			{name: f(chNodePorts)},
-			{name: f(chFirewall)},
+			{name: f(chFirewall), rules: r.firewallRules()},
 			canary,
+		}
+		if r.npSkipLoopback {
+			tail = append(tail, sharedRule{f(chExternal), "-d " + r.loopback + " -j RETURN"})
 		}
 		for _, m := range r.npMatches {
 			tail = append(tail, sharedRule{f(chExternal), comment(strings.ToLower(r.n.prefix)+" service nodeports; must be the last rule in this chain") + " " + m + " -j " + f(chNodePorts)})
 		}
 	}
 	return chains, tail
+}
+
+// firewallRules are the fixed rules of the filter FIREWALL chain. With
+// localhost node ports, route_localnet lets packets to 127.0.0.0/8 come
+// from other hosts; as in kube-proxy, those that were not DNATed by a
+// node port rule (or belong to one) are dropped.
+func (r *renderer) firewallRules() []string {
+	if !r.localhost {
+		return nil
+	}
+	return []string{comment("block incoming localnet connections") +
+		" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"}
 }
 
 // sharedTarget reports whether per-service chains jump to the fixed chain

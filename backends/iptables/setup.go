@@ -68,6 +68,15 @@ type Config struct {
 	// flushed always rewrite. Zero means [DefaultRewriteInterval];
 	// negative rewrites on every full sync.
 	RewriteInterval time.Duration
+	// NoLocalhostNodePorts turns off node ports on 127.0.0.1 (kube-proxy's
+	// --iptables-localhost-nodeports=false). By default, as in
+	// kube-proxy, IPv4 node ports also answer on 127.0.0.0/8 when the
+	// node port addresses include it (none configured includes
+	// everything): the backend sets net.ipv4.conf.all.route_localnet=1
+	// in the namespace, masquerades that traffic and drops packets to
+	// 127.0.0.0/8 from other sources that no node port took. IPv6 never
+	// has localhost node ports.
+	NoLocalhostNodePorts bool
 }
 
 // WithDefaults returns c with every zero field that has a default filled in.
@@ -199,6 +208,19 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	if err := b.probe(ctx); err != nil {
 		b.Close()
 		return nil, err
+	}
+	if b.r.localhost {
+		// Without it, the kernel drops packets DNATed away from
+		// 127.0.0.0/8 as martians. kube-proxy sets it too (and leaves
+		// it set).
+		changed, err := ns.SetSysctl("net/ipv4/conf/all/route_localnet", "1")
+		if err != nil {
+			b.Close()
+			return nil, fmt.Errorf("iptables: localhost node ports (NoLocalhostNodePorts turns them off): %w", err)
+		}
+		if changed {
+			b.log.Info("set net.ipv4.conf.all.route_localnet=1 for node ports on 127.0.0.1")
+		}
 	}
 	return b, nil
 }

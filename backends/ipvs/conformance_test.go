@@ -33,6 +33,10 @@ func TestConformance(t *testing.T) {
 			// configurable: ipvsadm --set covers established, FIN_WAIT
 			// and UDP only), so a client stays pinned for at least 2
 			// minutes, whatever the service's timeout.
+			// kube-proxy's ipvs mode does the same (its nftables and
+			// iptables modes do not): docs/KUBE-PROXY-DIFFERENCES.md.
+			"ExternalTrafficPolicyLocal-InClusterClientsReachAll": "as kube-proxy's ipvs mode: the virtual servers of a Local service's " +
+				"external addresses hold the local endpoints only, for every client, so pods and the node reach no remote endpoint there",
 			"SessionAffinity-Timeout": "IPVS persistence lasts until the client's connections leave IPVS's table (TIME_WAIT: 2 minutes, fixed), so timeouts under 2 minutes are not honoured",
 		},
 	})

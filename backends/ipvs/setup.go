@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"time"
 
 	mipvs "github.com/moby/ipvs"
@@ -193,21 +191,10 @@ func (b *backend) sysctls() [][2]string {
 
 // setup applies the namespace-wide settings.
 func (b *backend) setup(ctx context.Context) error {
-	err := b.ns.Do(func() error {
-		for _, kv := range b.sysctls() {
-			// /proc/sys/net resolves against this thread's namespace.
-			p := filepath.Join("/proc/sys", kv[0])
-			if cur, err := os.ReadFile(p); err == nil && string(cur) == kv[1]+"\n" {
-				continue
-			}
-			if err := os.WriteFile(p, []byte(kv[1]), 0); err != nil {
-				return fmt.Errorf("sysctl %s=%s: %w", kv[0], kv[1], err)
-			}
+	for _, kv := range b.sysctls() {
+		if _, err := b.ns.SetSysctl(kv[0], kv[1]); err != nil {
+			return fmt.Errorf("ipvs: %w", err)
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("ipvs: %w", err)
 	}
 	if b.cfg.TCPTimeout > 0 || b.cfg.TCPFinTimeout > 0 || b.cfg.UDPTimeout > 0 {
 		if err := b.ipvs.h.SetConfig(&mipvs.Config{

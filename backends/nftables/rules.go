@@ -215,12 +215,15 @@ func (fi *familyInfo) rejectRule() rule {
 	return rule{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: fi.portUnreach}}
 }
 
-// nodePortMatch matches packets to the node addresses node ports open on.
+// nodePortMatch matches packets to the node addresses node ports open
+// on: the node's own addresses (in the configured ranges, if any), never
+// loopback ones (as kube-proxy's nftables mode).
 func (fi *familyInfo) nodePortMatch(haveAddrs bool) rule {
+	r := append(fibLocal(false, expr.CmpOpEq), fi.notLoopbackDaddr()...)
 	if haveAddrs {
-		return rule{fi.loadDaddr(reg(0)), lookup(setNodePortIPs, reg(0), false)}
+		r = append(r, fi.loadDaddr(reg(0)), lookup(setNodePortIPs, reg(0), false))
 	}
-	return append(fibLocal(false, expr.CmpOpEq), fi.notLoopbackDaddr()...)
+	return r
 }
 
 // firewallRule drops new connections to a load-balancer IP with source

@@ -3,7 +3,9 @@ package netns
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -128,4 +130,23 @@ func (n *NS) Close() error {
 		return nil
 	}
 	return n.f.Close()
+}
+
+// SetSysctl sets the network sysctl key (a path below /proc/sys, e.g.
+// "net/ipv4/conf/all/route_localnet") to value in the namespace. It
+// writes only when the value differs and reports whether it wrote.
+func (n *NS) SetSysctl(key, value string) (changed bool, err error) {
+	err = n.Do(func() error {
+		// /proc/sys/net resolves against the calling thread's namespace.
+		p := filepath.Join("/proc/sys", key)
+		if cur, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(cur)) == value {
+			return nil
+		}
+		if err := os.WriteFile(p, []byte(value), 0); err != nil {
+			return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
+		}
+		changed = true
+		return nil
+	})
+	return changed, err
 }

@@ -38,6 +38,8 @@ var cases = []testCase{
 	{name: "NodePort-FromClient", run: nodePortFromClient},
 	{name: "NodePort-FromNode", run: nodePortFromNode},
 	{name: "NodePort-FromPod", run: nodePortFromPod},
+	{name: "NodePort-Localhost", run: nodePortLocalhost},
+	{name: "NodePort-LoopbackAddressesSkipped", run: nodePortLoopbackAddresses},
 	{name: "ExternalIP-FromClient", run: externalIPCase(fromClient)},
 	{name: "ExternalIP-FromNode", run: externalIPCase(fromNode)},
 	{name: "ExternalIP-FromPod", run: externalIPCase(fromPod)},

@@ -5,7 +5,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 func addrPort(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
@@ -50,6 +52,57 @@ func nodePortFromNode(e *env) {
 	e.start()
 	e.reaches(e.node1(), tcpTo(addrPort(e.tn.Node1.IP(e.fam), 30080)), 8080, 20, p11, p21)
 	e.answers(e.node1(), tcpTo(addrPort(e.tn.Node1.ExternalIP(e.fam), 30080)), 8080, 5, p11, p21)
+}
+
+// loopbackOf is the loopback address of the case's family.
+func (e *env) loopbackOf() netip.Addr {
+	if e.fam == model.IPv6 {
+		return netip.IPv6Loopback()
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// nodePortLocalhost: a node port on the node's loopback address is served
+// (masqueraded) where kube-proxy serves it, IPv4 with localhost node ports
+// (iptables mode), and otherwise left to the node's own sockets, where
+// nothing listens: refused. Node addresses keep working.
+func nodePortLocalhost(e *env) {
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	svc := e.service("np", nodePorts(30088))
+	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
+	e.start()
+	e.localhostNodePort(addrPort(e.loopbackOf(), 30088), p11, p21)
+	e.answers(e.node1(), tcpTo(addrPort(e.tn.Node1.IP(e.fam), 30088)), 8080, 3, p11, p21)
+}
+
+// localhostNodePort checks the node's connections to a node port on a
+// loopback address.
+func (e *env) localhostNodePort(d netip.AddrPort, pods ...*testnet.Pod) {
+	e.t.Helper()
+	if e.opts.LocalhostNodePorts && e.fam == model.IPv4 {
+		e.answers(e.node1(), tcpTo(d), 8080, 3, pods...)
+		return
+	}
+	e.rejected(e.node1(), tcpTo(d))
+}
+
+// nodePortLoopbackAddresses: loopback ranges in nodePortAddresses open no
+// node port on loopback (kube-proxy skips them), except IPv4 with
+// localhost node ports, while the node's own address in the list works.
+func nodePortLoopbackAddresses(e *env) {
+	e.configure = func(c *proxier.Config) {
+		c.NodePortAddresses = []netip.Prefix{
+			netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"),
+			netip.PrefixFrom(e.tn.Node1.IP(e.fam), e.tn.Node1.IP(e.fam).BitLen()),
+		}
+	}
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	svc := e.service("np", nodePorts(30089))
+	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
+	e.start()
+	e.localhostNodePort(addrPort(e.loopbackOf(), 30089), p11, p21)
+	e.answers(e.node1(), tcpTo(addrPort(e.tn.Node1.IP(e.fam), 30089)), 8080, 3, p11, p21)
+	e.answers(&e.pod(1, 3).Host, tcpTo(addrPort(e.tn.Node1.IP(e.fam), 30089)), 8080, 3, p11, p21)
 }
 
 // nodePortFromPod: a pod reaches a node port on its node's address.

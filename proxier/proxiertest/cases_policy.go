@@ -129,7 +129,7 @@ func masqNodeToRemote(e *env) {
 // kube-proxy matches masqueradeAll by cluster IP destination).
 func masqAllClusterIPsOnly(e *env) {
 	e.configure = func(c *proxier.Config) { c.MasqueradeAll = true }
-	p21 := e.pod(2, 1)
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
 	pod := &e.pod(1, 3).Host
 	svc := e.service("local", loadBalancer([]int32{30087}, 0), externalLocal(30996))
 	e.apply(svc, e.slicesFor(svc, ready(p21)))
@@ -137,8 +137,9 @@ func masqAllClusterIPsOnly(e *env) {
 	d := tcpTo(e.clusterIP(svc, 80))
 	r := e.answers(pod, d, 8080, 3, p21)
 	e.sawSource(pod, d, r, e.tn.Node1.IP(e.fam), "masqueradeAll masquerades cluster IP traffic")
+	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
 	d = tcpTo(e.lbIP(svc, 0, 80))
-	r = e.answers(pod, d, 8080, 3, p21)
+	r = e.answers(pod, d, 8080, 6, p11, p21)
 	e.sawSource(pod, d, r, pod.IP(e.fam), "masqueradeAll masquerades by cluster IP destination only")
 }
 

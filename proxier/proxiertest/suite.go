@@ -50,6 +50,12 @@ type Options struct {
 	// client (the restart cases) leave that probe out. Cases that are
 	// only about outside traffic still belong in Skip.
 	NodeOnly bool
+	// LocalhostNodePorts says the backend serves IPv4 node ports on
+	// 127.0.0.1 as kube-proxy's iptables mode does by default
+	// (--iptables-localhost-nodeports). Otherwise, as in kube-proxy's
+	// nftables mode, 127.0.0.1:<nodePort> is left to the node's own
+	// sockets.
+	LocalhostNodePorts bool
 }
 
 // testCase is one behaviour the suite checks.
