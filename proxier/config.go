@@ -47,6 +47,14 @@ type Config struct {
 	// NodePortAddresses select the node addresses node ports open on.
 	// Empty means every local address of the namespace.
 	NodePortAddresses []netip.Prefix
+	// NodeIPs are the node's primary addresses, at most one per family:
+	// what kube-proxy takes from --bind-address or the Node object's
+	// addresses. As in kube-proxy, a loadBalancerSourceRanges entry that
+	// holds the node's address of its family also admits the service's
+	// load-balancer IPs as sources (the node, or a proxy-mode load
+	// balancer, reaching the VIP from the VIP). Empty means no node
+	// address is known: source ranges admit exactly what they list.
+	NodeIPs []netip.Addr
 
 	// NoConntrackCleanup turns off the deletion of stale UDP and SCTP
 	// conntrack flows after each sync (for backends that need none, and
@@ -74,6 +82,16 @@ const (
 	DefaultSyncPeriod      = 30 * time.Second
 	DefaultRetryInterval   = time.Second
 )
+
+// NodeIP returns the first of NodeIPs in family f, or the zero Addr.
+func (c Config) NodeIP(f model.IPFamily) netip.Addr {
+	for _, a := range c.NodeIPs {
+		if f.Contains(a) {
+			return a.Unmap()
+		}
+	}
+	return netip.Addr{}
+}
 
 // WithDefaults returns c with every zero field that has a default filled in.
 func (c Config) WithDefaults() Config {

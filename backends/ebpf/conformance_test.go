@@ -89,7 +89,7 @@ func socketOnlySkips() map[string]string {
 	}
 	for _, c := range []string{
 		"NodePort-FromClient", "ExternalIP-FromClient", "LoadBalancerIP-FromClient", "LoadBalancerIP-ProxyModeIgnored",
-		"LoadBalancerSourceRanges-Allow", "LoadBalancerSourceRanges-Deny",
+		"LoadBalancerSourceRanges-Allow", "LoadBalancerSourceRanges-Deny", "LoadBalancerSourceRanges-NodeTraffic",
 		"ExternalTrafficPolicyLocal-SourcePreserved", "ExternalTrafficPolicyLocal-NoLocalEndpointsDrops",
 		"InternalTrafficPolicyLocal", "InternalTrafficPolicyLocal-NoLocalEndpointsDrops",
 		"Masquerade-ExternalToRemoteEndpoint", "SessionAffinity-Sticks", "Coexistence",

@@ -74,6 +74,8 @@ type renderer struct {
 	// [Config.NoLocalhostNodePorts]).
 	localhost bool
 	loopback  string // "127.0.0.0/8" or "::1/128"
+	// nodeIP is the node's primary address of the family, if known.
+	nodeIP netip.Addr
 	// badRule, set by tests only, adds an invalid rule to a service
 	// port's SVC chain.
 	badRule func(model.ServicePortName) string
@@ -100,6 +102,7 @@ func newRenderer(cfg Config, fam model.IPFamily, n names, randomFully bool) *ren
 		}
 	}
 	r.localhost = localhostNodePorts(cfg, fam)
+	r.nodeIP = cfg.NodeIP(fam)
 	loopback := netip.MustParsePrefix(r.loopback)
 	for _, p := range cfg.NodePortAddresses {
 		if !p.IsValid() || !fam.Contains(p.Addr()) {
@@ -459,11 +462,21 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 				w.gotoChain(ext)
 			}
 		}
-		// The node's own traffic passes (it is not what source ranges
-		// are about); the rest falls through undNATed and is dropped
-		// by the filter FIREWALL chain.
-		w.b = append(w.b, "-m addrtype --src-type LOCAL "...)
-		w.gotoChain(ext)
+		// As kube-proxy: when a range holds the node's address, the
+		// service's VIPs are sources too (the node reaching a VIP from
+		// the VIP). The rest, the node's own traffic included, falls
+		// through unDNATed and is dropped by the filter FIREWALL chain.
+		if r.nodeIP.IsValid() && slices.ContainsFunc(sp.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
+			return p.IsValid() && p.Contains(r.nodeIP)
+		}) {
+			for _, a := range lbDsts {
+				w.b = append(w.b, "-s "...)
+				w.b = a.AppendTo(w.b)
+				w.b = append(w.b, r.hostBits...)
+				w.b = append(w.b, ' ')
+				w.gotoChain(ext)
+			}
+		}
 		w.chain(fw, first)
 		for _, a := range lbDsts {
 			w.comment(svcName, " loadbalancer IP")

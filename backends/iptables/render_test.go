@@ -235,8 +235,19 @@ func TestRenderPolicies(t *testing.T) {
 		h := r.n.serviceHash(s.Port.Name)
 		fw, ext := r.n.chain(kindFW, h), r.n.chain(kindEXT, h)
 		c := chainsOfKind(rd, kindFW)
-		if len(c) != 1 || !slices.Equal(c[0].rules, []string{"-s 192.0.2.0/25 -g " + ext, "-m addrtype --src-type LOCAL -g " + ext}) {
+		if len(c) != 1 || !slices.Equal(c[0].rules, []string{"-s 192.0.2.0/25 -g " + ext}) {
 			t.Fatalf("FW chain %+v", c)
+		}
+		// A range holding the node's address admits the VIP as a source.
+		withNode := *r
+		withNode.nodeIP = netip.MustParseAddr("192.0.2.7")
+		c = chainsOfKind(mustRender(t, &withNode, s), kindFW)
+		if len(c) != 1 || !slices.Equal(c[0].rules, []string{"-s 192.0.2.0/25 -g " + ext, "-s 203.0.113.10/32 -g " + ext}) {
+			t.Fatalf("FW chain with the node in a range %+v", c)
+		}
+		withNode.nodeIP = netip.MustParseAddr("192.0.2.200")
+		if c = chainsOfKind(mustRender(t, &withNode, s), kindFW); len(c[0].rules) != 1 {
+			t.Fatalf("FW chain with the node outside the ranges %+v", c)
 		}
 		if !slices.Contains(rd[tNAT].shared, sharedRule{"PROXYKIT-SERVICES", `-m comment --comment "default/lb/TCP loadbalancer IP" -d 203.0.113.10/32 -p tcp -m tcp --dport 80 -j ` + fw}) {
 			t.Errorf("no dispatch to FW: %v", rd[tNAT].shared)

@@ -19,6 +19,7 @@ const (
 	chainFilterPrerouting = "filter-prerouting"
 	chainFilterInput      = "filter-input"
 	chainFilterForward    = "filter-forward"
+	chainFilterOutput     = "filter-output"
 	chainFilterOutputPost = "filter-output-post-dnat"
 	chainNATPrerouting    = "nat-prerouting"
 	chainNATOutput        = "nat-output"

@@ -143,13 +143,15 @@ type renderer struct {
 	clusterCIDRs bool
 
 	masqAll bool
+	// nodeIP is the node's primary address of the family, if known.
+	nodeIP netip.Addr
 
 	// Encoded constant rules.
 	jumpMasq, mark []byte
 }
 
-func newRenderer(fi familyInfo, bit uint32, masqAll, clusterCIDRs bool) (*renderer, error) {
-	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll}
+func newRenderer(fi familyInfo, bit uint32, masqAll, clusterCIDRs bool, nodeIP netip.Addr) (*renderer, error) {
+	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll, nodeIP: nodeIP}
 	var err error
 	if r.jumpMasq, err = encodeExprs(fi.proto, rule{jump(chainMasqCluster)}); err != nil {
 		return nil, err
@@ -237,6 +239,17 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 
 	// Firewall: source ranges of load-balancer IPs, whatever the endpoints.
 	if ranges := normalizeRanges(fi.fam, sp.LoadBalancerSourceRanges); len(sp.LoadBalancerSourceRanges) > 0 {
+		if r.nodeIP.IsValid() && slices.ContainsFunc(sp.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
+			return p.IsValid() && p.Contains(r.nodeIP)
+		}) {
+			// The node may reach the VIP from the VIP (kube-proxy's
+			// allowFromNode).
+			for _, a := range sp.LoadBalancerIPs {
+				if fi.fam.Contains(a) {
+					ranges = append(ranges, [2]netip.Addr{a.Unmap(), a.Unmap()})
+				}
+			}
+		}
 		for _, k := range lbKeys {
 			add(setFirewallIPs, elem{key: k})
 			for _, rg := range ranges {

@@ -20,7 +20,7 @@ import (
 
 func testRenderer(t *testing.T, f model.IPFamily, clusterCIDRs bool) *renderer {
 	t.Helper()
-	r, err := newRenderer(familyInfoOf(f), DefaultMasqueradeBit, false, clusterCIDRs)
+	r, err := newRenderer(familyInfoOf(f), DefaultMasqueradeBit, false, clusterCIDRs, netip.Addr{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,5 +449,43 @@ func TestBatchSplitsElements(t *testing.T) {
 	}
 	if n != tx.Len()+1 { // plus BATCH_BEGIN
 		t.Fatalf("walked %d messages, want %d", n, tx.Len()+1)
+	}
+}
+
+// TestRenderSourceRangesNodeIP: a source range holding the node's address
+// admits the service's load-balancer IPs as sources too (kube-proxy's
+// allowFromNode); otherwise only the ranges are admitted.
+func TestRenderSourceRangesNodeIP(t *testing.T) {
+	s := clusterSvc("lb", model.TCP, "10.96.0.9", 80, "10.0.1.2:8080")
+	lb := netip.MustParseAddr("203.0.113.10")
+	s.Port.LoadBalancerIPs = []netip.Addr{lb}
+	s.Port.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/25")}
+	for _, tc := range []struct {
+		node string
+		want int // allowed-source elements
+	}{{"", 1}, {"192.0.2.200", 1}, {"192.0.2.7", 2}} {
+		var node netip.Addr
+		if tc.node != "" {
+			node = netip.MustParseAddr(tc.node)
+		}
+		r, err := newRenderer(familyInfoOf(model.IPv4), DefaultMasqueradeBit, false, false, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allow := elemsOf(o, setFirewallAllow)
+		if len(allow) != tc.want {
+			t.Fatalf("node %q: %d allowed sources, want %d", tc.node, len(allow), tc.want)
+		}
+		if tc.want == 2 {
+			k := r.fi.ipKey(lb, model.TCP, 80)
+			vip := concat(k, r.fi.addr(lb))
+			if !slices.ContainsFunc(allow, func(e elem) bool { return bytes.Equal(e.key, vip) && bytes.Equal(e.keyEnd, vip) }) {
+				t.Errorf("node %q: the VIP is not an allowed source: %+v", tc.node, allow)
+			}
+		}
 	}
 }

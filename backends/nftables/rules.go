@@ -227,10 +227,10 @@ func (fi *familyInfo) nodePortMatch(haveAddrs bool) rule {
 }
 
 // firewallRule drops new connections to a load-balancer IP with source
-// ranges from sources outside them. Traffic from the node itself passes.
+// ranges from sources outside them, the node's own included (as in
+// kube-proxy; see renderer.service for the VIP as a source).
 func (fi *familyInfo) firewallRule() rule {
 	r := ctStateNew()
-	r = append(r, fibLocal(true, expr.CmpOpNeq)...)
 	key, next := fi.ipKeyExprs()
 	r = append(r, key...)
 	r = append(r, lookup(setFirewallIPs, reg(0), false), fi.loadSaddr(reg(next)),
@@ -281,6 +281,7 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 	newCheck := append(ctStateNew(), jump(chainEndpointsCheck))
 	clusterIPReject := append(ctStateNew(), fi.loadDaddr(reg(0)), lookup(setClusterIPs, reg(0), false), goTo(chainReject))
 	add(chainFilterPrerouting, &hook{unix.NF_INET_PRE_ROUTING, prioFilterPreDNAT, "filter"}, fi.firewallRule())
+	add(chainFilterOutput, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPreDNAT, "filter"}, fi.firewallRule())
 	add(chainFilterInput, &hook{unix.NF_INET_LOCAL_IN, prioFilterPreDNAT, "filter"}, newCheck)
 	add(chainFilterForward, &hook{unix.NF_INET_FORWARD, prioFilterPreDNAT, "filter"}, newCheck, clusterIPReject)
 	// The node's own traffic is checked after DNAT, as on input and

@@ -110,7 +110,7 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 		conn: c,
 		log:  cfg.Logger.With("backend", "nftables", "family", family.String(), "table", cfg.TableName),
 	}
-	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0); err != nil {
+	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0, cfg.NodeIP(b.fi.fam)); err != nil {
 		b.Close()
 		return nil, fmt.Errorf("nftables: %w", err)
 	}

@@ -48,6 +48,7 @@ var cases = []testCase{
 	{name: "LoadBalancerIP-ProxyModeIgnored", run: loadBalancerProxyMode},
 	{name: "LoadBalancerSourceRanges-Allow", run: sourceRangesAllow},
 	{name: "LoadBalancerSourceRanges-Deny", run: sourceRangesDeny},
+	{name: "LoadBalancerSourceRanges-NodeTraffic", run: sourceRangesNode},
 
 	// Traffic policies and masquerade.
 	{name: "ExternalTrafficPolicyLocal-SourcePreserved", run: externalLocalSource},

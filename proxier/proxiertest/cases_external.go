@@ -170,3 +170,21 @@ func sourceRangesDeny(e *env) {
 	e.apply(e.service("lb", loadBalancer([]int32{30081}, 0), sourceRanges(e.nodeNet(), e.clientNet())))
 	e.answers(e.client(), tcpTo(e.lbIP(svc, 0, 80)), 8080, 5, p11, p21)
 }
+
+// sourceRangesNode: loadBalancerSourceRanges apply to the node's own
+// traffic too, as in kube-proxy: outside the ranges it is dropped, and
+// once the ranges hold the node's addresses it passes.
+func sourceRangesNode(e *env) {
+	e.configure = func(c *proxier.Config) { c.NodeIPs = []netip.Addr{e.tn.Node1.IP(e.fam)} }
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	svc := e.service("lb", loadBalancer([]int32{30081}, 0), sourceRanges(e.clientNet()))
+	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
+	e.start()
+	e.silent(e.node1(), tcpTo(e.lbIP(svc, 0, 80)))
+	e.answers(e.client(), tcpTo(e.lbIP(svc, 0, 80)), 8080, 3, p11, p21)
+	// node1 reaches the VIP from its address toward the uplink, where
+	// its default route points.
+	uplink := netip.PrefixFrom(e.tn.Node1.UplinkIP(e.fam), e.clientNet().Bits()).Masked()
+	e.apply(e.service("lb", loadBalancer([]int32{30081}, 0), sourceRanges(e.nodeNet(), uplink, e.clientNet())))
+	e.answers(e.node1(), tcpTo(e.lbIP(svc, 0, 80)), 8080, 3, p11, p21)
+}
