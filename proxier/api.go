@@ -42,6 +42,14 @@ type NodeHandler interface {
 	OnNodeSynced()
 }
 
+// ServiceCIDRHandler receives the service CIDRs of the cluster: the
+// spec.cidrs of every networking.k8s.io/v1 ServiceCIDR object, as
+// kube-proxy's ServiceCIDR informer hands them on.
+type ServiceCIDRHandler interface {
+	// OnServiceCIDRsChanged replaces the whole list (both families).
+	OnServiceCIDRsChanged(cidrs []netip.Prefix)
+}
+
 // Proxier is a service proxy: it takes Kubernetes objects and keeps a
 // dataplane programmed to match them. Every backend package's New returns
 // one. All methods are safe for concurrent use.
@@ -49,6 +57,7 @@ type Proxier interface {
 	ServiceHandler
 	EndpointSliceHandler
 	NodeHandler
+	ServiceCIDRHandler
 	// Sync asks for a sync soon; calls within the minimum interval coalesce.
 	Sync()
 	// Flush waits until every event delivered before the call has been
@@ -117,6 +126,12 @@ type SyncRequest struct {
 	// NodeIPs are the node's addresses of this family, from the Node
 	// object, when known.
 	NodeIPs []netip.Addr
+	// ServiceCIDRs are the service ranges of this family
+	// (Config.ServiceCIDRs and the ServiceCIDR objects), masked, sorted
+	// and without repeats. Traffic to an address in them that no
+	// service holds is dropped where the backend can (as kube-proxy's
+	// nftables mode does).
+	ServiceCIDRs []netip.Prefix
 }
 
 // Targets are the endpoints traffic to one service port may go to on this

@@ -55,6 +55,13 @@ type Config struct {
 	// balancer, reaching the VIP from the VIP). Empty means no node
 	// address is known: source ranges admit exactly what they list.
 	NodeIPs []netip.Addr
+	// ServiceCIDRs are fixed service ranges (the API server's
+	// --service-cluster-ip-range), added to those of the ServiceCIDR
+	// objects delivered to [ServiceCIDRHandler]. Backends that can drop
+	// traffic to unallocated addresses in them, as kube-proxy's nftables
+	// mode does (nftables, eBPF); iptables and IPVS ignore them, as
+	// kube-proxy's modes of those names do.
+	ServiceCIDRs []netip.Prefix
 
 	// NoConntrackCleanup turns off the deletion of stale UDP and SCTP
 	// conntrack flows after each sync (for backends that need none, and

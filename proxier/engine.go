@@ -46,6 +46,7 @@ type Engine struct {
 	slicesSynced   bool
 	topo           Topology
 	nodeIPs        []netip.Addr
+	serviceCIDRs   []netip.Prefix // from OnServiceCIDRsChanged
 	topoChanged    bool
 	eventSeq       uint64 // bumped on every event
 	syncedSeq      uint64 // events up to here are programmed
@@ -308,6 +309,34 @@ func (e *Engine) OnNodeDelete(node *v1.Node) {
 // OnNodeSynced implements [NodeHandler].
 func (e *Engine) OnNodeSynced() {}
 
+// OnServiceCIDRsChanged implements [ServiceCIDRHandler].
+func (e *Engine) OnServiceCIDRsChanged(cidrs []netip.Prefix) {
+	cidrs = slices.Clone(cidrs)
+	e.event(func() { e.serviceCIDRs = cidrs })
+}
+
+// familyCIDRs returns the valid prefixes of f in a and b, masked, sorted
+// and without repeats.
+func familyCIDRs(f model.IPFamily, a, b []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range slices.Concat(a, b) {
+		if !p.IsValid() || !f.Contains(p.Addr()) {
+			continue
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		out = append(out, p.Masked())
+	}
+	slices.SortFunc(out, func(x, y netip.Prefix) int {
+		if c := x.Addr().Compare(y.Addr()); c != 0 {
+			return c
+		}
+		return x.Bits() - y.Bits()
+	})
+	return slices.Compact(out)
+}
+
 // Sync implements [Proxier].
 func (e *Engine) Sync() { e.runner.request() }
 
@@ -377,6 +406,7 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	topoChanged := e.topoChanged
 	e.topoChanged = false
 	nodeIPs := e.nodeIPs
+	serviceCIDRs := e.serviceCIDRs
 	results := make([]changetracker.Result, len(e.families))
 	for i, f := range e.families {
 		results[i] = f.tracker.Apply()
@@ -400,7 +430,7 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	e.serveServiceHealth(lowerServiceHealth(e.hcServed, want))
 	ok = true
 	for _, f := range e.families {
-		if !e.syncFamily(ctx, f, nodeIPs) {
+		if !e.syncFamily(ctx, f, nodeIPs, familyCIDRs(f.backend.Family(), e.cfg.ServiceCIDRs, serviceCIDRs)) {
 			ok = false
 		}
 	}
@@ -530,7 +560,7 @@ func (f *family) view() *model.State {
 
 // syncFamily programs what prepare left in f into its backend and
 // reports whether the backend took it.
-func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr) bool {
+func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr, serviceCIDRs []netip.Prefix) bool {
 	state := f.view()
 	full := f.full
 	fam := f.backend.Family().String()
@@ -546,7 +576,7 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 			ips = append(ips, ip)
 		}
 	}
-	req := &SyncRequest{Full: full, State: state, Targets: f.targets, Changed: f.changed, NodeIPs: ips}
+	req := &SyncRequest{Full: full, State: state, Targets: f.targets, Changed: f.changed, NodeIPs: ips, ServiceCIDRs: serviceCIDRs}
 	start := time.Now()
 	err := f.backend.Sync(ctx, req)
 	log := e.log.With("family", fam, "full", full, "changed", len(f.changed))

@@ -39,7 +39,7 @@ import (
 // stale-conntrack case, whose socket connects before the service has
 // an endpoint and so stays on the service address.
 func TestConformance(t *testing.T) {
-	proxiertest.Run(t, factory(t, nil), proxiertest.Options{Skip: bydesignSkips(nil)})
+	proxiertest.Run(t, factory(t, nil), proxiertest.Options{Skip: bydesignSkips(nil), ServiceCIDRs: true})
 }
 
 // bydesignSkips adds to skip the cases whose kube-proxy behaviour the

@@ -17,5 +17,5 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
-	}, proxiertest.Options{})
+	}, proxiertest.Options{ServiceCIDRs: true})
 }

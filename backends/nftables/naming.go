@@ -46,6 +46,7 @@ const (
 	setNodePortIPs      = "nodeport-ips"
 	setHairpin          = "hairpin"
 	setClusterIPs       = "cluster-ips"
+	setServiceCIDRs     = "service-cidrs"
 )
 
 // Hook priorities of the base chains, relative to the kernel's NAT.
@@ -334,6 +335,8 @@ func (fi *familyInfo) setSpecs(affinitySize uint32) []*setSpec {
 			comment: "endpoint . endpoint: a pod reaching itself through a service"},
 		{name: setClusterIPs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes,
 			comment: "cluster IPs; other ports on them are rejected"},
+		{name: setServiceCIDRs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes, interval: true,
+			comment: "service CIDRs; unallocated addresses in them are dropped"},
 	}
 	for s := range uint32(numShards) {
 		specs = append(specs,

@@ -280,13 +280,16 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 
 	newCheck := append(ctStateNew(), jump(chainEndpointsCheck))
 	clusterIPReject := append(ctStateNew(), fi.loadDaddr(reg(0)), lookup(setClusterIPs, reg(0), false), goTo(chainReject))
+	// After DNAT, as kube-proxy: what is still addressed to the service
+	// ranges was not a service's.
+	unallocatedDrop := append(ctStateNew(), fi.loadDaddr(reg(0)), lookup(setServiceCIDRs, reg(0), false), &expr.Verdict{Kind: expr.VerdictDrop})
 	add(chainFilterPrerouting, &hook{unix.NF_INET_PRE_ROUTING, prioFilterPreDNAT, "filter"}, fi.firewallRule())
 	add(chainFilterOutput, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPreDNAT, "filter"}, fi.firewallRule())
 	add(chainFilterInput, &hook{unix.NF_INET_LOCAL_IN, prioFilterPreDNAT, "filter"}, newCheck)
-	add(chainFilterForward, &hook{unix.NF_INET_FORWARD, prioFilterPreDNAT, "filter"}, newCheck, clusterIPReject)
+	add(chainFilterForward, &hook{unix.NF_INET_FORWARD, prioFilterPreDNAT, "filter"}, newCheck, clusterIPReject, unallocatedDrop)
 	// The node's own traffic is checked after DNAT, as on input and
 	// forward: what a service chain sent on is not dropped.
-	add(chainFilterOutputPost, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPostDNAT, "filter"}, newCheck, clusterIPReject)
+	add(chainFilterOutputPost, &hook{unix.NF_INET_LOCAL_OUT, prioFilterPostDNAT, "filter"}, newCheck, clusterIPReject, unallocatedDrop)
 	add(chainNATPrerouting, &hook{unix.NF_INET_PRE_ROUTING, prioDNAT, "nat"}, rule{jump(chainServices)})
 	add(chainNATOutput, &hook{unix.NF_INET_LOCAL_OUT, prioDNAT, "nat"}, rule{jump(chainServices)})
 	add(chainNATPostrouting, &hook{unix.NF_INET_POST_ROUTING, prioSNAT, "nat"},

@@ -294,9 +294,13 @@ func (b *backend) nodePortPrefixes() [][2]netip.Addr {
 	return normalizeRanges(b.fi.fam, b.cfg.NodePortAddresses)
 }
 
-// staticElems returns the elements that come from the configuration.
-func (b *backend) staticElems() []setElem {
+// staticElems returns the elements that come from the configuration and
+// the service ranges of st.
+func (b *backend) staticElems(st *state) []setElem {
 	var out []setElem
+	for _, e := range b.fi.intervalElems(normalizeRanges(b.fi.fam, st.serviceCIDRs)) {
+		out = append(out, setElem{set: setServiceCIDRs, e: e})
+	}
 	for _, e := range b.fi.intervalElems(b.clusterCIDRs()) {
 		out = append(out, setElem{set: setClusterCIDRs, e: e})
 	}

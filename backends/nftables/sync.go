@@ -70,6 +70,9 @@ type state struct {
 	// owners maps the dispatch keys (addresses, node ports, firewall
 	// keys) to the service port that holds them.
 	owners map[string]map[string]model.ServicePortName
+	// serviceCIDRs are the service ranges the table holds (a change
+	// makes the next sync a full one).
+	serviceCIDRs []netip.Prefix
 }
 
 type svcState struct {
@@ -157,7 +160,7 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if req.State.Family != 0 && req.State.Family != b.fi.fam {
 		return fmt.Errorf("nftables: %s backend got %s state", b.fi.fam, req.State.Family)
 	}
-	if req.Full || b.st == nil {
+	if req.Full || b.st == nil || !slices.Equal(req.ServiceCIDRs, b.st.serviceCIDRs) {
 		return b.syncFull(req)
 	}
 	return b.syncIncremental(req)
@@ -275,6 +278,7 @@ func staleOrder(chains []string) []string {
 // ports in skip are left out.
 func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[model.ServicePortName]error) (*state, map[model.ServicePortName]error) {
 	st := newState()
+	st.serviceCIDRs = slices.Clone(req.ServiceCIDRs)
 	old := b.st
 	if recreate || old == nil {
 		old = newState()
@@ -431,7 +435,7 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale []string, perService
 		slots []netip.AddrPort
 	}
 	rangesBySet := map[string][]rangeRef{}
-	for _, e := range b.staticElems() {
+	for _, e := range b.staticElems(st) {
 		bySet[e.set] = append(bySet[e.set], e.e)
 	}
 	for _, n := range names {

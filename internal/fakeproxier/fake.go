@@ -2,6 +2,8 @@ package fakeproxier
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 
@@ -81,6 +83,11 @@ func (e *Events) OnNodeDelete(n *v1.Node) { e.add("node- " + n.Name) }
 
 // OnNodeSynced records "node synced".
 func (e *Events) OnNodeSynced() { e.add("node synced") }
+
+// OnServiceCIDRsChanged implements [proxier.ServiceCIDRHandler].
+func (e *Events) OnServiceCIDRsChanged(cidrs []netip.Prefix) {
+	e.add(fmt.Sprintf("cidrs %v", cidrs))
+}
 
 // Sync does nothing.
 func (e *Events) Sync() {}

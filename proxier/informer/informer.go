@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -37,6 +40,10 @@ type Config struct {
 	ServiceProxyName string
 	// Resync is the informers' resync period; zero disables it.
 	Resync time.Duration
+	// NoServiceCIDRs turns off the watch of networking.k8s.io/v1
+	// ServiceCIDR objects (for API servers without that API, before
+	// Kubernetes 1.33).
+	NoServiceCIDRs bool
 }
 
 // Selector returns the label selector for Services and EndpointSlices:
@@ -102,11 +109,31 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 		synced = append(synced, nodeInf.HasSynced)
 		nodeFactory.Start(ctx.Done())
 	}
+	var cidrFactory informers.SharedInformerFactory
+	if !cfg.NoServiceCIDRs {
+		// All ServiceCIDRs, whatever their labels: each event hands on
+		// the whole list, as kube-proxy's ServiceCIDR handler does.
+		cidrFactory = informers.NewSharedInformerFactory(client, cfg.Resync)
+		cidrInf := cidrFactory.Networking().V1().ServiceCIDRs().Informer()
+		changed := func() { p.OnServiceCIDRsChanged(serviceCIDRs(cidrInf.GetStore().List())) }
+		if _, err := cidrInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { changed() },
+			UpdateFunc: func(_, _ any) { changed() },
+			DeleteFunc: func(any) { changed() },
+		}); err != nil {
+			return err
+		}
+		synced = append(synced, cidrInf.HasSynced)
+		cidrFactory.Start(ctx.Done())
+	}
 	factory.Start(ctx.Done())
 	defer func() {
 		factory.Shutdown()
 		if nodeFactory != nil {
 			nodeFactory.Shutdown()
+		}
+		if cidrFactory != nil {
+			cidrFactory.Shutdown()
 		}
 	}()
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
@@ -117,6 +144,31 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 	p.OnNodeSynced()
 	<-ctx.Done()
 	return nil
+}
+
+// serviceCIDRs returns the spec.cidrs of the ServiceCIDR objects in
+// objs, without repeats; unparsable ones are left out (the API server
+// validates them).
+func serviceCIDRs(objs []any) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objs {
+		sc, ok := o.(*networkingv1.ServiceCIDR)
+		if !ok {
+			continue
+		}
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil && !slices.Contains(out, p.Masked()) {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
 }
 
 // unwrap returns the object inside a tombstone.

@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -27,6 +28,8 @@ func TestRunDeliversSelectedObjects(t *testing.T) {
 			Labels: map[string]string{discoveryv1.LabelServiceName: "plain"}}, AddressType: discoveryv1.AddressTypeIPv4},
 		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{"topology.kubernetes.io/zone": "a"}}},
 		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node2"}},
+		&networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+			Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16", "fd00:10:96::/108"}}},
 	)
 	ev := &fakeproxier.Events{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -38,7 +41,8 @@ func TestRunDeliversSelectedObjects(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, ev, "svc synced", "eps synced", "node synced", "svc+ plain", "eps+ plain-1", "node+ node1")
+	waitFor(t, ev, "svc synced", "eps synced", "node synced", "svc+ plain", "eps+ plain-1", "node+ node1",
+		"cidrs [10.96.0.0/16 fd00:10:96::/108]")
 
 	// Live events flow too.
 	if _, err := client.CoreV1().Services("ns").Create(ctx, svc("late", nil), metav1.CreateOptions{}); err != nil {
@@ -47,7 +51,11 @@ func TestRunDeliversSelectedObjects(t *testing.T) {
 	if err := client.DiscoveryV1().EndpointSlices("ns").Delete(ctx, "plain-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ev, "svc+ late", "eps- plain-1")
+	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.97.0.0/16"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ev, "svc+ late", "eps- plain-1", "cidrs [10.96.0.0/16 10.97.0.0/16 fd00:10:96::/108]")
 
 	for _, unwanted := range []string{"svc+ other-proxy", "svc+ headless", "node+ node2"} {
 		if ev.Has(unwanted) {

@@ -24,6 +24,7 @@ var cases = []testCase{
 	{name: "ServiceAddedAndDeleted", run: serviceAddedAndDeleted},
 	{name: "ServicePortChanged", run: servicePortChanged},
 	{name: "Conflict-FirstOwnerKeepsAddress", run: conflictFirstOwnerKeeps},
+	{name: "ServiceCIDR-UnallocatedDropped", needs: []string{"ip"}, run: serviceCIDRUnallocated},
 
 	// Endpoints.
 	{name: "LoadSpread", run: loadSpread},

@@ -1,7 +1,10 @@
 package proxiertest
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -144,4 +147,49 @@ func conflictFirstOwnerKeeps(e *env) {
 	e.answers(e.node1(), tcpTo(addr), 8080, 5, p11)
 	e.remove(owner)
 	e.answers(from, tcpTo(addr), 8080, 10, p21)
+}
+
+// serviceCIDRUnallocated: once the proxier knows the service CIDRs, a
+// new connection to an address in them that no service holds is dropped
+// where kube-proxy's nftables mode drops it (Options.ServiceCIDRs);
+// kube-proxy's iptables and ipvs modes route it on like any address. To
+// tell a drop from a packet routed into nowhere, the unallocated address
+// is made a real one: node1 routes it to a pod, which has it too.
+func serviceCIDRUnallocated(e *env) {
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	svc := e.service("in-range")
+	e.apply(svc, e.slicesFor(svc, ready(p21)))
+	e.start()
+	free := addrPlus(clusterIPBase[e.fam], 200)
+	bits := 16
+	if e.fam == model.IPv6 {
+		bits = 64
+	}
+	cidr := netip.PrefixFrom(clusterIPBase[e.fam], bits).Masked()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	host := fmt.Sprintf("%s/%d", free, free.BitLen())
+	if out, err := p11.Exec(ctx, "ip", "addr", "add", host, "dev", "eth0", "nodad"); err != nil {
+		e.t.Fatalf("%s: ip addr add %s: %v %s", p11.Name, host, err, out)
+	}
+	if out, err := e.tn.Node1.Exec(ctx, "ip", "route", "add", host, "via", p11.IP(e.fam).String()); err != nil {
+		e.t.Fatalf("node1: ip route add %s: %v %s", host, err, out)
+	}
+	client := &e.pod(1, 3).Host
+	d := tcpTo(addrPort(free, 8080))
+	e.answers(client, d, 8080, 1, p11)
+	e.answers(e.node1(), d, 8080, 1, p11)
+
+	e.cur.p.OnServiceCIDRsChanged([]netip.Prefix{cidr})
+	e.flush()
+	if e.opts.ServiceCIDRs {
+		e.silent(client, d)
+		e.silent(e.node1(), d)
+	} else {
+		e.answers(client, d, 8080, 1, p11)
+		e.answers(e.node1(), d, 8080, 1, p11)
+	}
+	// Services in the range keep working, from pods and the node.
+	e.answers(client, tcpTo(e.clusterIP(svc, 80)), 8080, 3, p21)
+	e.answers(e.node1(), tcpTo(e.clusterIP(svc, 80)), 8080, 3, p21)
 }

@@ -56,6 +56,11 @@ type Options struct {
 	// nftables mode, 127.0.0.1:<nodePort> is left to the node's own
 	// sockets.
 	LocalhostNodePorts bool
+	// ServiceCIDRs says the backend drops new connections to addresses
+	// of the service CIDRs that no service holds, as kube-proxy's
+	// nftables mode does. Otherwise, as in kube-proxy's iptables and
+	// ipvs modes, they are routed like any other address.
+	ServiceCIDRs bool
 }
 
 // testCase is one behaviour the suite checks.
