@@ -282,6 +282,9 @@ func (f *family) skeleton(cfg *Config) []chainDef {
 			with(ctStateNew(), []expr.Any{verdict(expr.VerdictJump, chainServices)}),
 		}},
 		chainDef{base(chainOutput, nftables.ChainHookOutput, nftables.ChainTypeFilter, prioFilter), [][]expr.Any{
+			// Source ranges hold for the node's own traffic too (as
+			// in kube-proxy), checked before IPVS takes it.
+			with(ctStateNew(), f.keyIn(setFirewall), []expr.Any{verdict(expr.VerdictJump, chainFirewall)}),
 			with(ctStateNew(), []expr.Any{verdict(expr.VerdictJump, chainServices)}),
 			// The node's own traffic to a cluster IP leaves from
 			// the service address itself: masquerade it.

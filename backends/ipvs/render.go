@@ -111,6 +111,7 @@ type renderer struct {
 	nodeAddrs  []netip.Addr // addresses node ports open on, sorted
 	affinityTO time.Duration
 	log        *slog.Logger // nil: unknown schedulers are not logged
+	nodeIP     netip.Addr   // the node's primary address, if known
 }
 
 // schedulerFor returns the scheduler of a service port: the one the
@@ -219,9 +220,20 @@ func (r *renderer) render(sp *model.ServicePort, t *proxier.Targets) (*svcObjs, 
 		}
 		if vs.Kind == kindLB && len(sp.LoadBalancerSourceRanges) > 0 {
 			o.Elems = append(o.Elems, elem{Set: setFirewall, Key: k})
+			fromNode := false
 			for _, src := range sp.LoadBalancerSourceRanges {
 				if r.fam.Contains(src.Addr()) {
 					o.Elems = append(o.Elems, elem{Set: setFirewallOK, Key: k, Src: src.Masked()})
+					fromNode = fromNode || (r.nodeIP.IsValid() && src.Contains(r.nodeIP))
+				}
+			}
+			if fromNode {
+				// The node may reach the VIP from the VIP (kube-proxy's
+				// allowFromNode).
+				for _, a := range sp.LoadBalancerIPs {
+					if r.fam.Contains(a) {
+						o.Elems = append(o.Elems, elem{Set: setFirewallOK, Key: k, Src: netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())})
+					}
 				}
 			}
 		}

@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -26,6 +29,9 @@ type Objects struct {
 	Services       []*v1.Service
 	EndpointSlices []*discoveryv1.EndpointSlice
 	Nodes          []*v1.Node
+	// ServiceCIDRs are the spec.cidrs of the file's ServiceCIDR objects,
+	// masked, in file order, without repeats.
+	ServiceCIDRs []netip.Prefix
 	// Documents counts the documents that named a kind, of any kind (a
 	// List, even an empty one, counts once). A file without any, such as
 	// an empty or comment-only file, says nothing about what it would
@@ -124,7 +130,7 @@ func (o *Objects) add(doc []byte) error {
 	}
 	o.Documents++
 	switch tm.Kind {
-	case "List", "ServiceList", "EndpointSliceList", "NodeList":
+	case "List", "ServiceList", "EndpointSliceList", "NodeList", "ServiceCIDRList":
 		var errs []error
 		for i, item := range tm.Items {
 			if err := o.add(item); err != nil {
@@ -156,6 +162,20 @@ func (o *Objects) add(doc []byte) error {
 			return fmt.Errorf("Node: %w", err)
 		}
 		o.Nodes = append(o.Nodes, n)
+	case "ServiceCIDR":
+		c := &networkingv1.ServiceCIDR{}
+		if err := yaml.UnmarshalStrict(doc, c); err != nil {
+			return fmt.Errorf("ServiceCIDR: %w", err)
+		}
+		for _, s := range c.Spec.CIDRs {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return fmt.Errorf("ServiceCIDR %s: %w", c.Name, err)
+			}
+			if !slices.Contains(o.ServiceCIDRs, p.Masked()) {
+				o.ServiceCIDRs = append(o.ServiceCIDRs, p.Masked())
+			}
+		}
 	}
 	return nil
 }
@@ -199,8 +219,9 @@ type Source struct {
 	services map[string]*v1.Service
 	slices   map[string]*discoveryv1.EndpointSlice
 	nodes    map[string]*v1.Node
-	last     []byte // the content last looked at, good or not
-	usable   bool   // last parsed completely and was delivered
+	cidrs    []netip.Prefix // the service CIDRs delivered last
+	last     []byte         // the content last looked at, good or not
+	usable   bool           // last parsed completely and was delivered
 	// lastWarn and lastWarnAt rate-limit the warning about a file that
 	// stays unreadable.
 	lastWarn   string
@@ -224,6 +245,7 @@ func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 	s.services = map[string]*v1.Service{}
 	s.slices = map[string]*discoveryv1.EndpointSlice{}
 	s.nodes = map[string]*v1.Node{}
+	s.cidrs = nil
 	s.last = nil
 	err := s.reload(p, log)
 	if err != nil && s.Watch <= 0 {
@@ -313,6 +335,10 @@ func (s *Source) deliver(p proxier.Proxier, objs *Objects) {
 		p.OnEndpointSliceAdd, p.OnEndpointSliceUpdate, p.OnEndpointSliceDelete)
 	diff(s.nodes, objs.Nodes, func(o *v1.Node) string { return o.Name },
 		p.OnNodeAdd, p.OnNodeUpdate, p.OnNodeDelete)
+	if !slices.Equal(s.cidrs, objs.ServiceCIDRs) {
+		s.cidrs = slices.Clone(objs.ServiceCIDRs)
+		p.OnServiceCIDRsChanged(slices.Clone(s.cidrs))
+	}
 }
 
 // diff calls add, update and delete for the difference between known (by

@@ -132,6 +132,13 @@ func TestSourceWatchDeliversDifferences(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor([]string{"eps~ web-1", "svc- dns"})
+
+	// ServiceCIDR objects hand on their ranges, all of them at once.
+	cidrs := next + "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16, 'fd00:10:96::/108']}\n"
+	if err := os.WriteFile(path, []byte(cidrs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor([]string{"cidrs [10.96.0.0/16 fd00:10:96::/108]"})
 }
 
 // watched runs a Source on a file in a temporary directory, watching it
