@@ -52,8 +52,9 @@ type Config struct {
 	// addresses. As in kube-proxy, a loadBalancerSourceRanges entry that
 	// holds the node's address of its family also admits the service's
 	// load-balancer IPs as sources (the node, or a proxy-mode load
-	// balancer, reaching the VIP from the VIP). Empty means no node
-	// address is known: source ranges admit exactly what they list.
+	// balancer, reaching the VIP from the VIP). Empty means the first
+	// InternalIP (else ExternalIP) of each family the Node object lists;
+	// without either, source ranges admit exactly what they list.
 	NodeIPs []netip.Addr
 	// ServiceCIDRs are fixed service ranges (the API server's
 	// --service-cluster-ip-range), added to those of the ServiceCIDR
@@ -89,6 +90,23 @@ const (
 	DefaultSyncPeriod      = 30 * time.Second
 	DefaultRetryInterval   = time.Second
 )
+
+// PrimaryNodeIP returns the node's primary address of family f: the
+// configured one (Config.NodeIPs), else the first the Node object lists
+// (req.NodeIPs), else the zero Addr.
+func PrimaryNodeIP(c Config, req *SyncRequest, f model.IPFamily) netip.Addr {
+	if a := c.NodeIP(f); a.IsValid() {
+		return a
+	}
+	if req != nil {
+		for _, a := range req.NodeIPs {
+			if f.Contains(a) {
+				return a.Unmap()
+			}
+		}
+	}
+	return netip.Addr{}
+}
 
 // NodeIP returns the first of NodeIPs in family f, or the zero Addr.
 func (c Config) NodeIP(f model.IPFamily) netip.Addr {

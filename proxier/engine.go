@@ -272,13 +272,17 @@ func (e *Engine) OnNodeUpdate(_, node *v1.Node) {
 		return
 	}
 	zone := node.Labels[LabelTopologyZone]
+	// InternalIPs first, then ExternalIPs: the first of a family is the
+	// node's primary address, as kube-proxy picks it.
 	var ips []netip.Addr
-	for _, a := range node.Status.Addresses {
-		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
-			continue
-		}
-		if ip, err := netip.ParseAddr(a.Address); err == nil {
-			ips = append(ips, ip.Unmap())
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if a.Type != typ {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				ips = append(ips, ip.Unmap())
+			}
 		}
 	}
 	terminating := nodeTerminating(node)

@@ -99,3 +99,24 @@ func equal(a, b []string) bool {
 	}
 	return true
 }
+
+func TestPrimaryNodeIP(t *testing.T) {
+	a := netip.MustParseAddr
+	req := &SyncRequest{NodeIPs: []netip.Addr{a("fd00::5"), a("192.0.2.5"), a("192.0.2.6")}}
+	for _, tc := range []struct {
+		cfg  Config
+		req  *SyncRequest
+		f    model.IPFamily
+		want string
+	}{
+		{Config{}, req, model.IPv4, "192.0.2.5"},
+		{Config{}, req, model.IPv6, "fd00::5"},
+		{Config{NodeIPs: []netip.Addr{a("198.51.100.1")}}, req, model.IPv4, "198.51.100.1"},
+		{Config{NodeIPs: []netip.Addr{a("198.51.100.1")}}, req, model.IPv6, "fd00::5"},
+		{Config{}, nil, model.IPv4, "invalid IP"},
+	} {
+		if got := PrimaryNodeIP(tc.cfg, tc.req, tc.f); got.String() != tc.want {
+			t.Errorf("PrimaryNodeIP(%v, %v, %v) = %v, want %s", tc.cfg.NodeIPs, tc.req, tc.f, got, tc.want)
+		}
+	}
+}

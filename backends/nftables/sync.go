@@ -160,6 +160,12 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if req.State.Family != 0 && req.State.Family != b.fi.fam {
 		return fmt.Errorf("nftables: %s backend got %s state", b.fi.fam, req.State.Family)
 	}
+	nodeIP := proxier.PrimaryNodeIP(b.cfg.Config, req, b.fi.fam)
+	if nodeIP != b.r.nodeIP {
+		// Source ranges depend on it; a change is rare.
+		b.r.nodeIP = nodeIP
+		return b.syncFull(req)
+	}
 	if req.Full || b.st == nil || !slices.Equal(req.ServiceCIDRs, b.st.serviceCIDRs) {
 		return b.syncFull(req)
 	}

@@ -175,7 +175,6 @@ func sourceRangesDeny(e *env) {
 // traffic too, as in kube-proxy: outside the ranges it is dropped, and
 // once the ranges hold the node's addresses it passes.
 func sourceRangesNode(e *env) {
-	e.configure = func(c *proxier.Config) { c.NodeIPs = []netip.Addr{e.tn.Node1.IP(e.fam)} }
 	p11, p21 := e.pod(1, 1), e.pod(2, 1)
 	svc := e.service("lb", loadBalancer([]int32{30081}, 0), sourceRanges(e.clientNet()))
 	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
