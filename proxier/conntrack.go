@@ -7,8 +7,6 @@ import (
 	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/conntrack"
 	"github.com/proxykit/proxykit/internal/netns"
@@ -20,7 +18,6 @@ import (
 // programmed.
 type conntrackHook struct {
 	log     *slog.Logger
-	handle  *netlink.Handle
 	cleaner *conntrack.Cleaner
 	deleted prometheus.Counter
 	// last programmed ports per family, so flows to a deleted service can
@@ -30,20 +27,19 @@ type conntrackHook struct {
 }
 
 func newConntrackHook(ns *netns.NS, log *slog.Logger, deleted prometheus.Counter) (*conntrackHook, error) {
-	h, err := ns.NetlinkHandle(unix.NETLINK_NETFILTER)
+	cl, err := conntrack.Open(ns)
 	if err != nil {
-		return nil, fmt.Errorf("proxier: conntrack netlink handle: %w", err)
+		return nil, fmt.Errorf("proxier: %w", err)
 	}
 	return &conntrackHook{
 		log:     log,
-		handle:  h,
-		cleaner: conntrack.New(h),
+		cleaner: cl,
 		deleted: deleted,
 		last:    map[model.IPFamily]map[model.ServicePortName]*model.ServicePort{},
 	}, nil
 }
 
-func (c *conntrackHook) close() { c.handle.Close() }
+func (c *conntrackHook) close() { c.cleaner.Close() }
 
 func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncRequest) {
 	fam := b.Family()

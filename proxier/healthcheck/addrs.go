@@ -1,36 +1,15 @@
 package healthcheck
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
-	"github.com/proxykit/proxykit/internal/netns"
 )
 
-// AddrsIn returns the addresses of the namespace ns that lie in one of
-// prefixes (a proxier's NodePortAddresses), sorted: the addresses health
-// check node ports listen on, as node ports open only there. IPv6
-// link-local addresses are left out.
-func AddrsIn(ns *netns.NS, prefixes []netip.Prefix) ([]netip.Addr, error) {
-	h, err := ns.NetlinkHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("healthcheck: %w", err)
-	}
-	defer h.Close()
-	list, err := h.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, fmt.Errorf("healthcheck: list addresses: %w", err)
-	}
+// filterAddrs returns the addresses of ips that lie in one of prefixes,
+// unmapped, sorted, without repeats and without IPv6 link-local ones.
+func filterAddrs(ips []netip.Addr, prefixes []netip.Prefix) []netip.Addr {
 	var out []netip.Addr
-	for _, a := range list {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok {
-			continue
-		}
+	for _, ip := range ips {
 		ip = ip.Unmap()
 		if ip.IsLinkLocalUnicast() {
 			continue
@@ -40,5 +19,5 @@ func AddrsIn(ns *netns.NS, prefixes []netip.Prefix) ([]netip.Addr, error) {
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
-	return out, nil
+	return out
 }
