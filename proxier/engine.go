@@ -15,10 +15,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/proxykit/proxykit/changetracker"
+	"github.com/proxykit/proxykit/internal/healthcheck"
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/ratelog"
 	"github.com/proxykit/proxykit/model"
-	"github.com/proxykit/proxykit/proxier/healthcheck"
 )
 
 // LabelTopologyZone is the node label that names its zone.

@@ -11,8 +11,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/proxykit/proxykit/internal/healthcheck"
 	"github.com/proxykit/proxykit/model"
-	"github.com/proxykit/proxykit/proxier/healthcheck"
 )
 
 // orderLog is the one log a backend and the health check servers write

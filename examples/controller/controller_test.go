@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/proxykit/proxykit/internal/fakeproxier"
 	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/proxier/fakeproxier"
 )
 
 // TestController runs the controller with the bundled services and two

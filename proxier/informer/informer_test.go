@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/proxykit/proxykit/internal/fakeproxier"
+	"github.com/proxykit/proxykit/proxier/fakeproxier"
 )
 
 func svc(name string, labels map[string]string) *v1.Service {

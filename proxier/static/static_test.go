@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxykit/proxykit/internal/fakeproxier"
+	"github.com/proxykit/proxykit/proxier/fakeproxier"
 )
 
 const manifest = `

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/healthcheck"
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
-	"github.com/proxykit/proxykit/proxier/healthcheck"
 )
 
 // TestServiceServersInNamespace opens health check servers inside a

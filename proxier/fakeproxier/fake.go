@@ -15,7 +15,9 @@ import (
 
 // Events is a Proxier that records each event as a short line: "svc+ name",
 // "svc~ name", "svc- name", "svc synced", likewise "eps" for
-// EndpointSlices and "node" for Nodes. It is safe for concurrent use.
+// EndpointSlices and "node" for Nodes, and "cidrs [PREFIXES]" for the
+// service CIDRs. The zero value is ready to use; it is safe for
+// concurrent use.
 type Events struct {
 	mu  sync.Mutex
 	log []string

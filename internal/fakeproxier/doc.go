@@ -1,3 +1,0 @@
-// Package fakeproxier has a Proxier that only records the events it gets,
-// for testing sources (informers, static files) without a dataplane.
-package fakeproxier
