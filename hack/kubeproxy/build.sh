@@ -29,7 +29,12 @@ if [ -z "$version" ]; then
 	log "no 'require k8s.io/kubernetes vX.Y.Z' line in $src/go.mod"
 	exit 1
 fi
-out="$cache/kube-proxy-oracle-$version"
+# The binary's name carries a digest of the oracle's sources, so a changed
+# oracle is rebuilt on a machine whose cache holds an older one
+# (internal/kubeproxy computes the same name: each of go.mod, go.sum and
+# the .go files, in byte order, as its name, a newline and its content).
+digest="$(cd "$src" && for f in $(ls go.mod go.sum *.go | LC_ALL=C sort); do printf '%s\n' "$f"; cat "$f"; done | sha256sum | cut -c1-12)"
+out="$cache/kube-proxy-oracle-$version-$digest"
 if [ "$force" -eq 1 ] || [ ! -x "$out" ]; then
 	mkdir -p "$cache"
 	minor="${version#v1.}"

@@ -1,10 +1,14 @@
 package kubeproxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/proxykit/proxykit/internal/testnet"
@@ -36,9 +40,11 @@ const DefaultCache = "/var/cache/proxykit"
 var ErrNoBinary = errors.New("kube-proxy oracle binary missing")
 
 // Binary locates the oracle: $PROXYKIT_KUBE_PROXY_ORACLE, else
-// kube-proxy-oracle-<KubernetesVersion> in $PROXYKIT_CACHE (default
-// /var/cache/proxykit). It does not build it; a missing or non-executable
-// file is an error matching [ErrNoBinary], and the path is returned anyway.
+// kube-proxy-oracle-<KubernetesVersion>-<digest> in $PROXYKIT_CACHE
+// (default /var/cache/proxykit), where digest names the oracle's sources
+// in this checkout (see [SourceDigest]). It does not build it; a missing
+// or non-executable file is an error matching [ErrNoBinary], and the path
+// is returned anyway.
 func Binary() (string, error) {
 	p := os.Getenv(EnvBinary)
 	if p == "" {
@@ -46,7 +52,11 @@ func Binary() (string, error) {
 		if cache == "" {
 			cache = DefaultCache
 		}
-		p = filepath.Join(cache, "kube-proxy-oracle-"+KubernetesVersion)
+		digest, err := SourceDigest()
+		if err != nil {
+			return "", fmt.Errorf("%w: %w", ErrNoBinary, err)
+		}
+		p = filepath.Join(cache, "kube-proxy-oracle-"+KubernetesVersion+"-"+digest)
 	}
 	fi, err := os.Stat(p)
 	if err != nil {
@@ -73,4 +83,35 @@ func RequireBinary(tb testing.TB) string {
 		tb.Skipf("%s (set %s=1 to make this a failure)", msg, testnet.EnvRequirePrivileged)
 	}
 	return p
+}
+
+// SourceDigest returns the digest the build script puts in the binary's
+// name: the first 12 hex digits of the SHA-256 of go.mod, go.sum and the
+// .go files of hack/kubeproxy/oracle, in byte order of their names, each
+// as its name, a newline and its content.
+func SourceDigest() (string, error) {
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the oracle's sources")
+	}
+	dir := filepath.Join(filepath.Dir(self), "..", "..", "hack", "kubeproxy", "oracle")
+	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return "", err
+	}
+	names = append(names, filepath.Join(dir, "go.mod"), filepath.Join(dir, "go.sum"))
+	for i := range names {
+		names[i] = filepath.Base(names[i])
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			return "", fmt.Errorf("oracle sources: %w", err)
+		}
+		h.Write([]byte(n + "\n"))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }

@@ -198,7 +198,9 @@ func Start(ctx context.Context, netnsPath string, opts Options) (*Oracle, error)
 		done:   make(chan struct{}),
 		logger: logger,
 	}
-	args := opts.Args()
+	// The oracle is forked from a thread inside the namespace, so its
+	// parent process may be anywhere: it checks it is in netnsPath.
+	args := append(opts.Args(), "--netns="+netnsPath)
 	o.cmd = exec.Command(bin, args...)
 	if opts.Stderr != nil {
 		o.cmd.Stderr = io.MultiWriter(o.stderr, opts.Stderr)

@@ -68,7 +68,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := checkNotInitialNetNS(); err != nil {
+	if err := checkNetNS(cfg.netns); err != nil {
 		return err
 	}
 	o, err := newOracle(cfg)
@@ -121,6 +121,7 @@ type config struct {
 	localhostNodePorts bool
 	serviceCIDRs       []string
 	nodeLabels         map[string]string
+	netns              string // the namespace the oracle must be in, if given
 }
 
 func parseFlags(args []string) (*config, error) {
@@ -140,6 +141,7 @@ func parseFlags(args []string) (*config, error) {
 	masqueradeBit := fs.Int("masquerade-bit", 14, "the bit of the packet mark that marks packets to masquerade [0, 31]")
 	localhostNodePorts := fs.Bool("iptables-localhost-nodeports", true, "iptables mode: accept NodePort connections to 127.0.0.1 (sets route_localnet)")
 	serviceCIDRs := fs.String("service-cidrs", "", "comma-separated service CIDRs, as the default ServiceCIDR object \"kubernetes\" the API server creates from --service-cluster-ip-range; ServiceCIDR objects in applied files add to them")
+	netnsPath := fs.String("netns", "", "the path of the network namespace the oracle must find itself in (e.g. /run/netns/NAME); it refuses to run anywhere else")
 	nodeLabels := fs.String("node-labels", "", "comma-separated key=value labels of the node (topology.kubernetes.io/zone matters)")
 	featureGates := map[string]bool{}
 	fs.Var(cliflag.NewMapStringBool(&featureGates), "feature-gates", "comma-separated Feature=bool pairs, as kube-proxy's --feature-gates")
@@ -158,6 +160,7 @@ func parseFlags(args []string) (*config, error) {
 		masqueradeAll:      *masqueradeAll,
 		masqueradeBit:      *masqueradeBit,
 		localhostNodePorts: *localhostNodePorts,
+		netns:              *netnsPath,
 		clusterCIDRs:       splitList(*clusterCIDRs),
 		nodePortAddresses:  splitList(*nodePortAddresses),
 		serviceCIDRs:       splitList(*serviceCIDRs),
@@ -242,19 +245,33 @@ func parseFlags(args []string) (*config, error) {
 	return c, nil
 }
 
-// checkNotInitialNetNS refuses to run in the host's network namespace: the
-// oracle rewrites the netfilter rules and sysctls of its namespace. The
-// host's is PID 1's when that is readable (a sandbox may hide it even from
-// root), else the parent's: whoever started the oracle must have entered
-// another namespace for it (nsenter and ip netns exec exec the oracle
-// themselves, so the parent is the caller outside).
-func checkNotInitialNetNS() error {
-	var self, host unix.Stat_t
+// checkNetNS refuses to run in the host's network namespace: the oracle
+// rewrites the netfilter rules and sysctls of its namespace. With
+// want (--netns) it must be in that namespace; the host's is PID 1's
+// when that is readable (a sandbox may hide it even from root), else,
+// without want, the parent's: whoever started the oracle must have
+// entered another namespace for it (nsenter and ip netns exec exec the
+// oracle themselves, so the parent is the caller outside). A caller that
+// forks the oracle from a thread inside the namespace passes want, as its
+// process may be anywhere.
+func checkNetNS(want string) error {
+	var self, host, target unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
 		return fmt.Errorf("own network namespace: %w", err)
 	}
+	if want != "" {
+		if err := unix.Stat(want, &target); err != nil {
+			return fmt.Errorf("--netns: %w", err)
+		}
+		if self.Dev != target.Dev || self.Ino != target.Ino {
+			return fmt.Errorf("refusing to run: not in the network namespace %s (--netns)", want)
+		}
+	}
 	whose := "PID 1"
 	if err := unix.Stat("/proc/1/ns/net", &host); err != nil {
+		if want != "" {
+			return nil
+		}
 		whose = "the parent process"
 		if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", os.Getppid()), &host); err != nil {
 			return fmt.Errorf("network namespace of neither PID 1 nor the parent is readable: %w", err)
