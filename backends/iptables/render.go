@@ -414,6 +414,16 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		// after DNAT.
 		filterAll(false, "has no local endpoints", "DROP")
 		if !shortCircuit {
+			// Nothing is DNATed; the node's own traffic from outside
+			// the source ranges is dropped by FIREWALL (OUTPUT) as in
+			// kube-proxy, not sent out.
+			if len(sp.LoadBalancerSourceRanges) > 0 {
+				for _, a := range lbDsts {
+					w.comment(svcName, " traffic not accepted by its source ranges")
+					dst(a)
+					w.shared(tFilter, r.fFirewall, " -j DROP")
+				}
+			}
 			return w.rendering(), nil
 		}
 	}
@@ -742,12 +752,10 @@ func (r *renderer) fixedChains(t table) (chains []chainRules, tail []sharedRule)
 			{name: f(chFirewall), rules: r.firewallRules()},
 			canary,
 		}
-		if r.npSkipLoopback {
-			tail = append(tail, sharedRule{f(chExternal), "-d " + r.loopback + " -j RETURN"})
-		}
-		for _, m := range r.npMatches {
-			tail = append(tail, sharedRule{f(chExternal), comment(strings.ToLower(r.n.prefix)+" service nodeports; must be the last rule in this chain") + " " + m + " -j " + f(chNodePorts)})
-		}
+		// As kube-proxy: the filter rules of node ports (reject without
+		// endpoints, drop without local ones) hold on every local
+		// address, whatever addresses node ports open on.
+		tail = append(tail, sharedRule{f(chExternal), comment(strings.ToLower(r.n.prefix)+" service nodeports; must be the last rule in this chain") + " -m addrtype --dst-type LOCAL -j " + f(chNodePorts)})
 	}
 	return chains, tail
 }
