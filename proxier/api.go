@@ -147,6 +147,23 @@ type Targets struct {
 	// HasEndpoints is false when the service has no usable endpoint
 	// anywhere: its traffic is rejected.
 	HasEndpoints bool
+	// Cluster, when not nil, receives what pods and the node itself send
+	// to the external addresses of a service with ExternalTrafficPolicy
+	// Local (kube-proxy's short-circuit to its cluster policy): the
+	// cluster-wide endpoints, where Internal has only the local ones
+	// because InternalTrafficPolicy is Local too. Nil means Internal
+	// serves that traffic. See [Targets.ShortCircuit].
+	Cluster []*model.Endpoint
+}
+
+// ShortCircuit returns the endpoints that pods and the node itself reach
+// through the external addresses of a service with ExternalTrafficPolicy
+// Local: Cluster when set, else Internal.
+func (t *Targets) ShortCircuit() []*model.Endpoint {
+	if t.Cluster != nil {
+		return t.Cluster
+	}
+	return t.Internal
 }
 
 // ErrNotApplied marks a sync error after which the kernel holds exactly

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -70,6 +71,12 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 		var internal, external []*model.Endpoint
 		if t := req.Targets[name]; t != nil {
 			internal, external = t.Internal, t.External
+			if sp.ExternalLocal() {
+				// Pods and the node reach the external addresses of a
+				// Local service through the short-circuit endpoints:
+				// their flows are not stale either.
+				external = slices.Concat(external, t.ShortCircuit())
+			}
 		}
 		addFrontends(valid, sp, internal, external)
 		if old := last[name]; old != nil && old != sp {

@@ -64,6 +64,18 @@ func SelectTargets(sp *model.ServicePort, eps []*model.Endpoint, topo Topology) 
 		} else {
 			t.External = cluster
 		}
+		if externalLocal && internalLocal {
+			// Pods and the node reach the external addresses through
+			// the cluster-wide endpoints, whatever the internal policy
+			// (kube-proxy's short-circuit to its cluster policy chain).
+			t.Cluster = clusterEndpoints(sp, eps, topo)
+			if t.Cluster == nil {
+				t.Cluster = []*model.Endpoint{}
+			}
+			if len(t.Cluster) > 0 {
+				t.HasEndpoints = true
+			}
+		}
 	}
 	return t
 }
@@ -180,5 +192,6 @@ func (t *Targets) Equal(o *Targets) bool {
 	if t == nil || o == nil {
 		return t == o
 	}
-	return t.HasEndpoints == o.HasEndpoints && slices.Equal(t.Internal, o.Internal) && slices.Equal(t.External, o.External)
+	return t.HasEndpoints == o.HasEndpoints && slices.Equal(t.Internal, o.Internal) && slices.Equal(t.External, o.External) &&
+		(t.Cluster == nil) == (o.Cluster == nil) && slices.Equal(t.Cluster, o.Cluster)
 }

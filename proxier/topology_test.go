@@ -2,6 +2,7 @@ package proxier
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/proxykit/proxykit/model"
@@ -118,5 +119,29 @@ func TestPrimaryNodeIP(t *testing.T) {
 		if got := PrimaryNodeIP(tc.cfg, tc.req, tc.f); got.String() != tc.want {
 			t.Errorf("PrimaryNodeIP(%v, %v, %v) = %v, want %s", tc.cfg.NodeIPs, tc.req, tc.f, got, tc.want)
 		}
+	}
+}
+
+// TestSelectTargetsShortCircuit: with both traffic policies Local, pods and
+// the node reach the external addresses through the cluster-wide
+// endpoints (Targets.Cluster), as kube-proxy's short-circuit does; with
+// internalTrafficPolicy Cluster, Internal serves it (Cluster nil).
+func TestSelectTargetsShortCircuit(t *testing.T) {
+	topo := Topology{NodeName: "n1"}
+	both := &model.ServicePort{Port: 80, NodePort: 30080, ExternalPolicy: model.PolicyLocal, InternalPolicy: model.PolicyLocal}
+	remote, near := ep("10.0.0.1:80"), ep("10.0.0.2:80", local)
+	tg := SelectTargets(both, []*model.Endpoint{remote, near}, topo)
+	if !slices.Equal(tg.Internal, []*model.Endpoint{near}) || !slices.Equal(tg.External, []*model.Endpoint{near}) ||
+		!slices.Equal(tg.Cluster, []*model.Endpoint{remote, near}) || !slices.Equal(tg.ShortCircuit(), tg.Cluster) {
+		t.Errorf("both Local: internal %v external %v cluster %v", tg.Internal, tg.External, tg.Cluster)
+	}
+	tg = SelectTargets(both, []*model.Endpoint{remote}, topo)
+	if len(tg.Internal) != 0 || len(tg.External) != 0 || !slices.Equal(tg.Cluster, []*model.Endpoint{remote}) || !tg.HasEndpoints {
+		t.Errorf("both Local, remote only: %+v", tg)
+	}
+	etp := &model.ServicePort{Port: 80, NodePort: 30080, ExternalPolicy: model.PolicyLocal}
+	tg = SelectTargets(etp, []*model.Endpoint{remote, near}, topo)
+	if tg.Cluster != nil || !slices.Equal(tg.ShortCircuit(), tg.Internal) {
+		t.Errorf("external Local only: cluster %v, want nil", tg.Cluster)
 	}
 }

@@ -154,12 +154,19 @@ func unspecified(f model.IPFamily) netip.Addr {
 
 // targetLists returns the endpoints of the internal and external groups.
 // Local sockets reaching an external address of a service with
-// externalTrafficPolicy Local use the cluster endpoints, as kube-proxy
+// externalTrafficPolicy Local use the short-circuit endpoints
+// (proxier.Targets.ShortCircuit: the cluster-wide ones), as kube-proxy
 // does for pods and the node itself; with policy Cluster, the external
 // targets.
 func targetLists(sp *model.ServicePort, t *proxier.Targets) (internal, external []netip.AddrPort) {
 	internal = addrs(t.Internal)
-	if sp.ExternalLocal() || slices.Equal(t.Internal, t.External) {
+	if sp.ExternalLocal() {
+		if t.Cluster != nil {
+			return internal, addrs(t.Cluster)
+		}
+		return internal, internal
+	}
+	if slices.Equal(t.Internal, t.External) {
 		return internal, internal
 	}
 	return internal, addrs(t.External)

@@ -55,6 +55,7 @@ const (
 	kindXLB = "XLB" // balances external traffic when its endpoints differ from SVC's
 	kindFW  = "FW"  // load-balancer source ranges
 	kindSEP = "SEP" // one endpoint: hairpin masquerade and DNAT
+	kindALL = "ALL" // balances pods and the node over all endpoints of a service with both policies Local
 )
 
 // names makes chain names for one prefix.

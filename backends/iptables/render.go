@@ -312,6 +312,24 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 		extIdx[j] = i
 	}
+	// The cluster-wide endpoints of a service with both traffic policies
+	// Local (proxier.Targets.Cluster), which pods and the node reach
+	// through its external addresses; wideIdx are their indexes in all.
+	wideGroup := t.Cluster != nil
+	var wideEps []netip.AddrPort
+	var wideIdx []int
+	if wideGroup {
+		wideEps = r.endpoints(t.Cluster)
+		wideIdx = make([]int, len(wideEps))
+		for j, ep := range wideEps {
+			i := slices.Index(all, ep)
+			if i < 0 {
+				all = append(slices.Clip(all), ep)
+				i = len(all) - 1
+			}
+			wideIdx[j] = i
+		}
+	}
 	// seps[i] is the string index of the chain name of all[i].
 	seps := make([]int, len(all))
 	for i, ep := range all {
@@ -409,6 +427,13 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	// addresses through its cluster-wide endpoints (kube-proxy's
 	// "short-circuit" rules), also when the node has no local endpoint.
 	shortCircuit := sp.ExternalPolicy == model.PolicyLocal && hasSVC
+	short := svc // the chain that balances them
+	if wideGroup {
+		shortCircuit = sp.ExternalPolicy == model.PolicyLocal && len(wideEps) > 0
+		if shortCircuit {
+			short = chainName(kindALL)
+		}
+	}
 	if len(externalEps) == 0 {
 		// What the EXT chain does not send on is dropped in filter,
 		// after DNAT.
@@ -443,11 +468,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			w.b = append(w.b, "-s "...)
 			w.b = p.AppendTo(w.b)
 			w.b = append(w.b, ' ')
-			w.gotoChain(svc)
+			w.gotoChain(short)
 		}
 		w.str("-m addrtype --src-type LOCAL ", r.markRule)
 		w.b = append(w.b, "-m addrtype --src-type LOCAL "...)
-		w.gotoChain(svc)
+		w.gotoChain(short)
 	}
 	if useXLB {
 		w.gotoChain(xlb)
@@ -455,6 +480,9 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	w.chain(ext, first)
 	if useXLB {
 		balance(xlb, func(k int) int { return extIdx[k] }, len(externalEps), len(w.ends))
+	}
+	if wideGroup && shortCircuit {
+		balance(short, func(k int) int { return wideIdx[k] }, len(wideEps), len(w.ends))
 	}
 	for _, a := range extDsts {
 		w.comment(svcName, " external IP")

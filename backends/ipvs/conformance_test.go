@@ -37,6 +37,8 @@ func TestConformance(t *testing.T) {
 			// iptables modes do not): docs/KUBE-PROXY-DIFFERENCES.md.
 			"ExternalTrafficPolicyLocal-InClusterClientsReachAll": "as kube-proxy's ipvs mode: the virtual servers of a Local service's " +
 				"external addresses hold the local endpoints only, for every client, so pods and the node reach no remote endpoint there",
+			"BothPoliciesLocal-InClusterClientsReachAll": "as kube-proxy's ipvs mode: the virtual servers of a Local service's " +
+				"external addresses hold the local endpoints only, for every client",
 			"SessionAffinity-Timeout": "IPVS persistence lasts until the client's connections leave IPVS's table (TIME_WAIT: 2 minutes, fixed), so timeouts under 2 minutes are not honoured",
 		},
 	})

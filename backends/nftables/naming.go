@@ -64,6 +64,12 @@ func svcChain(n model.ServicePortName) string { return "svc-" + chainSuffix(n) }
 // (node port, external IPs, load-balancer IPs).
 func extChain(n model.ServicePortName) string { return "ext-" + chainSuffix(n) }
 
+// allChain names the chain that balances pods' and the node's traffic to
+// the external addresses of a service port with both traffic policies
+// Local over its cluster-wide endpoints, with session affinity (without,
+// the external chain does it in one rule).
+func allChain(n model.ServicePortName) string { return "all-" + chainSuffix(n) }
+
 func chainSuffix(n model.ServicePortName) string {
 	s := n.Namespace + "/" + n.Name + "/" + strings.ToLower(string(n.Protocol))
 	if n.Port != "" {
@@ -209,6 +215,29 @@ func nodePortPrefix(p model.Protocol, pt uint16) []byte {
 // groupPrefix returns the prefix of a group with a chain of its own.
 func groupPrefix(local uint32) []byte {
 	return slices.Concat(be32(tagGroup), u32(local), be32(0xffffffff))
+}
+
+// Endpoint groups of a service port.
+const (
+	groupInternal = 0
+	groupExternal = 1
+	// groupWide is the cluster-wide group of a service port with both
+	// traffic policies Local (proxier.Targets.Cluster).
+	groupWide = 2
+	numGroups = 3
+)
+
+// ownGroupPrefix returns the range set prefix of group which of the
+// service port with id id, when the group has a chain of its own. The
+// cluster-wide group shares the internal group's number and differs in
+// the last word.
+func ownGroupPrefix(id, which uint32) []byte {
+	if which == groupWide {
+		_, local := groupOf(id, groupInternal)
+		return slices.Concat(be32(tagGroup), u32(local), be32(0xfffffffe))
+	}
+	_, local := groupOf(id, which)
+	return groupPrefix(local)
 }
 
 // positionKey returns the last four bytes of a key at position pos: the

@@ -76,10 +76,11 @@ type svcObjs struct {
 	fixed []setElem
 	// ranges are the range sets of the endpoint groups.
 	ranges []rangeSpec
-	// slots are the endpoints of the internal and external groups, in
-	// range order; aids their affinity ids (with session affinity only).
-	slots [2][]netip.AddrPort
-	aids  [2][]uint32
+	// slots are the endpoints of the internal, external and cluster-wide
+	// (short-circuit, see proxier.Targets.Cluster) groups, in range
+	// order; aids their affinity ids (with session affinity only).
+	slots [numGroups][]netip.AddrPort
+	aids  [numGroups][]uint32
 }
 
 // rangeSpec is the range set of an endpoint group: the endpoints of
@@ -273,11 +274,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 	}
 
-	svc, ext := svcChain(name), extChain(name)
+	svc, ext, all := svcChain(name), extChain(name), allChain(name)
 	shard, _ := groupOf(id, 0)
 	epMap := endpointsMap(shard)
-	var prevSlots [2][]netip.AddrPort
-	var prevAIDs [2][]uint32
+	var prevSlots [numGroups][]netip.AddrPort
+	var prevAIDs [numGroups][]uint32
 	if prev != nil {
 		prevSlots, prevAIDs = prev.slots, prev.aids
 	}
@@ -323,9 +324,8 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	}
 	// ownGroup balances a group from a chain of its own: its rules.
 	ownGroup := func(which uint32, slots []netip.AddrPort) [][]byte {
-		_, local := groupOf(id, which)
 		if affinity == 0 {
-			p := groupPrefix(local)
+			p := ownGroupPrefix(id, which)
 			ranges(p, which)
 			return [][]byte{enc(fi.prefixRule(shard, p))}
 		}
@@ -385,7 +385,13 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	// Pods and the node itself reach a Local service's external addresses
 	// through its cluster-wide endpoints (kube-proxy's "short-circuit"
 	// rules), also when the node has no local endpoint.
-	shortCircuit := sp.ExternalPolicy == model.PolicyLocal && len(internal) > 0
+	// With internalTrafficPolicy Local too, they have a group of their
+	// own, the cluster-wide endpoints (proxier.Targets.Cluster).
+	wide, wideGroup := internal, t.Cluster != nil
+	if wideGroup {
+		wide = r.endpoints(t.Cluster)
+	}
+	shortCircuit := sp.ExternalPolicy == model.PolicyLocal && len(wide) > 0
 	if len(externalEps) == 0 {
 		// What the external chain does not send on is dropped by the
 		// filter chains' endpoint check, after DNAT.
@@ -441,14 +447,29 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 	} else {
 		if shortCircuit {
+			toWide := toCluster
+			if wideGroup {
+				ws := slotsOf(groupWide, wide)
+				var pick rule
+				if affinity == 0 {
+					p := ownGroupPrefix(id, groupWide)
+					ranges(p, groupWide)
+					pick = fi.prefixRule(shard, p)
+				} else {
+					// Affinity takes several rules: a chain of its own.
+					o.chains = append(o.chains, chainObj{name: all, enc: ownGroup(groupWide, ws)})
+					pick = rule{goTo(all)}
+				}
+				toWide = func(ru rule) []byte { return enc(append(ru, pick...)) }
+			}
 			// Pods keep their address; the node's own traffic is
 			// masqueraded (its source would be the external address
 			// itself). masqueradeAll does not apply: kube-proxy
 			// masquerades it by cluster IP destination only.
 			if r.clusterCIDRs {
-				c.enc = append(c.enc, toCluster(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false)}))
+				c.enc = append(c.enc, toWide(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false)}))
 			}
-			c.enc = append(c.enc, toCluster(append(fibLocal(true, expr.CmpOpEq), setMark(r.bit)...)))
+			c.enc = append(c.enc, toWide(append(fibLocal(true, expr.CmpOpEq), setMark(r.bit)...)))
 		}
 		if len(externalEps) > 0 {
 			c.enc = append(c.enc, ownGroup(1, slots)...)

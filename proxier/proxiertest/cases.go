@@ -55,6 +55,7 @@ var cases = []testCase{
 	{name: "ExternalTrafficPolicyLocal-SourcePreserved", run: externalLocalSource},
 	{name: "ExternalTrafficPolicyLocal-NoLocalEndpointsDrops", run: externalLocalDrops},
 	{name: "ExternalTrafficPolicyLocal-InClusterClientsReachAll", run: externalLocalInCluster},
+	{name: "BothPoliciesLocal-InClusterClientsReachAll", run: bothLocalInCluster},
 	{name: "InternalTrafficPolicyLocal", run: internalLocalCase},
 	{name: "InternalTrafficPolicyLocal-NoLocalEndpointsDrops", run: internalLocalDrops},
 	{name: "Masquerade-ExternalToRemoteEndpoint", run: masqExternalToRemote},

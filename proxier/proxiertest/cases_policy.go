@@ -62,6 +62,29 @@ func externalLocalInCluster(e *env) {
 	}
 }
 
+// bothLocalInCluster: with both traffic policies Local and no endpoint on
+// this node, cluster IP traffic is dropped (internal policy), while pods
+// and the node still reach the external addresses through the
+// cluster-wide endpoints, as kube-proxy sends them; with an endpoint on
+// this node they reach both.
+func bothLocalInCluster(e *env) {
+	p11, p21 := e.pod(1, 1), e.pod(2, 1)
+	pod := &e.pod(1, 3).Host
+	svc := e.service("local", loadBalancer([]int32{30079}, 0), externalLocal(30995), internalLocal())
+	e.apply(svc, e.slicesFor(svc, ready(p21)))
+	e.start()
+	e.silent(pod, tcpTo(e.clusterIP(svc, 80)))
+	lb, np := tcpTo(e.lbIP(svc, 0, 80)), tcpTo(addrPort(e.tn.Node1.IP(e.fam), 30079))
+	for _, d := range []dest{lb, np} {
+		r := e.answers(pod, d, 8080, 3, p21)
+		e.sawSource(pod, d, r, pod.IP(e.fam), "a pod's traffic to a Local service's external address is not masqueraded")
+		e.answers(e.node1(), d, 8080, 3, p21)
+	}
+	e.apply(svc, e.slicesFor(svc, ready(p11), ready(p21)))
+	e.reaches(pod, tcpTo(e.clusterIP(svc, 80)), 8080, 10, p11)
+	e.reaches(pod, lb, 8080, 20, p11, p21)
+}
+
 // internalLocalCase: with internalTrafficPolicy Local, cluster IP traffic
 // from the node and from its pods reaches only the node's endpoints,
 // while node port traffic from outside (policy Cluster) reaches all.
