@@ -70,13 +70,7 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 		}
 		var internal, external []*model.Endpoint
 		if t := req.Targets[name]; t != nil {
-			internal, external = t.Internal, t.External
-			if sp.ExternalLocal() {
-				// Pods and the node reach the external addresses of a
-				// Local service through the short-circuit endpoints:
-				// their flows are not stale either.
-				external = slices.Concat(external, t.ShortCircuit())
-			}
+			internal, external = t.Internal, externalReplies(sp, t)
 		}
 		addFrontends(valid, sp, internal, external)
 		if old := last[name]; old != nil && old != sp {
@@ -110,6 +104,16 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 		c.deleted.Add(float64(n))
 		c.log.Debug("deleted stale conntrack flows", "family", fam.String(), "flows", n)
 	}
+}
+
+// externalReplies returns the endpoints that may answer flows to the
+// external addresses of sp: its external targets and, for policy Local,
+// the short-circuit ones that pods and the node reach there.
+func externalReplies(sp *model.ServicePort, t *Targets) []*model.Endpoint {
+	if sp.ExternalLocal() {
+		return slices.Concat(t.External, t.ShortCircuit())
+	}
+	return t.External
 }
 
 func addFrontends(valid conntrack.Valid, sp *model.ServicePort, internal, external []*model.Endpoint) {

@@ -145,3 +145,21 @@ func TestSelectTargetsShortCircuit(t *testing.T) {
 		t.Errorf("external Local only: cluster %v, want nil", tg.Cluster)
 	}
 }
+
+// TestExternalReplies: the conntrack cleanup keeps the flows of pods and
+// the node to a Local service's external addresses, which the
+// short-circuit endpoints answer (remote ones too), not only the flows the
+// local endpoints answer.
+func TestExternalReplies(t *testing.T) {
+	remote, near := ep("10.0.0.1:80"), ep("10.0.0.2:80", local)
+	etp := &model.ServicePort{Port: 80, NodePort: 30080, ExternalPolicy: model.PolicyLocal, Protocol: model.UDP}
+	tg := SelectTargets(etp, []*model.Endpoint{remote, near}, Topology{NodeName: "n1"})
+	if got := externalReplies(etp, tg); !slices.Contains(got, remote) || !slices.Contains(got, near) {
+		t.Errorf("Local: %v, want both endpoints", got)
+	}
+	cl := &model.ServicePort{Port: 80, NodePort: 30080, Protocol: model.UDP}
+	tg = SelectTargets(cl, []*model.Endpoint{remote, near}, Topology{NodeName: "n1"})
+	if got := externalReplies(cl, tg); !slices.Equal(got, tg.External) {
+		t.Errorf("Cluster: %v, want the external targets", got)
+	}
+}
