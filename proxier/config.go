@@ -1,6 +1,8 @@
 package proxier
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -81,7 +83,15 @@ type Config struct {
 	// Logger receives the proxier's logs. Nil discards them.
 	Logger *slog.Logger
 	// Registerer receives the proxier's metrics. Nil registers none.
+	// Proxiers that share one Registerer need distinct Names; New fails
+	// on any other registration error.
 	Registerer prometheus.Registerer
+	// Name tells this proxier from others in one process (a CNI agent's
+	// proxier per pod network, say): when set, its metrics carry the
+	// label proxier=Name and its logs the attribute proxier. Proxiers
+	// with one Name on one Registerer (a successor of a closed proxier)
+	// share the metrics.
+	Name string
 }
 
 // Default intervals.
@@ -116,6 +126,44 @@ func (c Config) NodeIP(f model.IPFamily) netip.Addr {
 		}
 	}
 	return netip.Addr{}
+}
+
+// MetricLabels returns the constant labels of the proxier's metrics:
+// extra, plus proxier=Name when Name is set.
+func (c Config) MetricLabels(extra prometheus.Labels) prometheus.Labels {
+	l := prometheus.Labels{}
+	for k, v := range extra {
+		l[k] = v
+	}
+	if c.Name != "" {
+		l["proxier"] = c.Name
+	}
+	return l
+}
+
+// Register registers each collector with reg, if reg is not nil. A
+// collector that is already registered (the same metric of a proxier of
+// the same Name) is replaced by the registered one in place, so that
+// both share it; any other error is returned.
+func Register[C prometheus.Collector](reg prometheus.Registerer, cs ...*C) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range cs {
+		err := reg.Register(*c)
+		var are prometheus.AlreadyRegisteredError
+		switch {
+		case errors.As(err, &are):
+			existing, ok := are.ExistingCollector.(C)
+			if !ok {
+				return fmt.Errorf("metrics: %w", err)
+			}
+			*c = existing
+		case err != nil:
+			return fmt.Errorf("metrics (proxiers sharing a Registerer need distinct Config.Name): %w", err)
+		}
+	}
+	return nil
 }
 
 // WithDefaults returns c with every zero field that has a default filled in.

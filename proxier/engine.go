@@ -103,6 +103,14 @@ type portHealth struct {
 // one.
 type AfterSyncHook func(ctx context.Context, b Backend, req *SyncRequest)
 
+// withName adds the proxier's name to log records, when it has one.
+func withName(l *slog.Logger, name string) *slog.Logger {
+	if name == "" {
+		return l
+	}
+	return l.With("proxier", name)
+}
+
 // New returns the Engine driving backends, one per IP family, configured
 // by cfg. Backend packages call it from their own New. It fails when two
 // backends claim the same family.
@@ -113,7 +121,7 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg:    cfg,
-		log:    cfg.Logger.With("backend", backends[0].Name()),
+		log:    withName(cfg.Logger.With("backend", backends[0].Name()), cfg.Name),
 		runner: newRunner(cfg.MinSyncInterval, cfg.SyncPeriod, cfg.RetryInterval),
 		topo:   Topology{NodeName: cfg.NodeName},
 		// Nothing is programmed yet: the first sync is pending from
@@ -121,7 +129,10 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		// arrive within the health timeout.
 		health: Health{OldestPending: time.Now()},
 	}
-	e.metrics = newMetrics(cfg.Registerer, backends[0].Name())
+	var err error
+	if e.metrics, err = newMetrics(cfg, backends[0].Name()); err != nil {
+		return nil, fmt.Errorf("proxier: %w", err)
+	}
 	// Bad objects are logged per object; a flood of them is rate limited.
 	trackerLog := slog.New(ratelog.New(cfg.Logger.Handler(), time.Minute, 20))
 	seen := map[model.IPFamily]bool{}

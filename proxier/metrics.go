@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,9 +26,9 @@ type metrics struct {
 	programming         prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer, backend string) *metrics {
+func newMetrics(cfg Config, backend string) (*metrics, error) {
 	buckets := prometheus.ExponentialBuckets(0.001, 2, 15)
-	labels := prometheus.Labels{"backend": backend}
+	labels := cfg.MetricLabels(prometheus.Labels{"backend": backend})
 	m := &metrics{
 		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kubeproxy_sync_proxy_rules_duration_seconds", Help: "Sync latency in seconds, by IP family.",
@@ -78,15 +79,16 @@ func newMetrics(reg prometheus.Registerer, backend string) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20), ConstLabels: labels,
 		}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.syncDuration, m.fullSyncDuration, m.partialSyncDuration, m.lastSync,
-			m.lastQueued, m.syncFailures, m.conflicts, m.serviceChanges, m.endpointChanges, m.pendingChanges, m.noLocalEndpoints, m.conntrackDeleted, m.programming} {
-			// A second proxier on the same registry would collide; the
-			// caller then gets the first one's metrics only.
-			_ = reg.Register(c)
-		}
-	}
-	return m
+	reg := cfg.Registerer
+	err := errors.Join(
+		Register(reg, &m.syncDuration),
+		Register(reg, &m.fullSyncDuration, &m.partialSyncDuration, &m.programming),
+		Register(reg, &m.lastSync, &m.lastQueued, &m.pendingChanges),
+		Register(reg, &m.syncFailures),
+		Register(reg, &m.conflicts, &m.noLocalEndpoints),
+		Register(reg, &m.serviceChanges, &m.endpointChanges, &m.conntrackDeleted),
+	)
+	return m, err
 }
 
 func (m *metrics) observeSync(family string, full bool, d time.Duration, ok bool) {

@@ -57,3 +57,48 @@ func TestMetricsScrapedOverHTTP(t *testing.T) {
 		t.Error("no last sync timestamp")
 	}
 }
+
+// TestMetricsManyProxiersOneRegistry: proxiers with distinct Names share
+// a registry, each with its own series; a successor with the same Name
+// shares its predecessor's metrics; a registry that refuses a metric
+// fails New instead of leaving the proxier without metrics.
+func TestMetricsManyProxiersOneRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	cfg := Config{Registerer: reg, NoConntrackCleanup: true, NoServiceHealthChecks: true}
+	for _, name := range []string{"pod-net-a", "pod-net-b", "pod-net-a"} {
+		c := cfg
+		c.Name = name
+		e, err := New(c, newRecorder(model.IPv4))
+		if err != nil {
+			t.Fatalf("proxier %s: %v", name, err)
+		}
+		e.OnServiceAdd(testService("a", "10.96.0.1", 80))
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "kubeproxy_sync_proxy_rules_service_changes_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "proxier" {
+					changes[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if changes["pod-net-a"] != 2 || changes["pod-net-b"] != 1 {
+		t.Errorf("service changes per proxier %v, want pod-net-a 2 (two proxiers of that name), pod-net-b 1", changes)
+	}
+
+	// A metric of that name with other labels: the registry refuses it.
+	clash := prometheus.NewRegistry()
+	clash.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "kubeproxy_sync_proxy_rules_service_changes_total", Help: "x"}))
+	if _, err := New(Config{Registerer: clash, NoConntrackCleanup: true, NoServiceHealthChecks: true}, newRecorder(model.IPv4)); err == nil {
+		t.Error("New succeeded although its metrics could not be registered")
+	}
+}

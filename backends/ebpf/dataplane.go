@@ -106,13 +106,17 @@ func newDataplane(cfg Config) (*dataplane, error) {
 	if err := unix.Stat(cfg.CgroupPath, &st); err != nil {
 		return nil, fmt.Errorf("ebpf: cgroup %s: %w", cfg.CgroupPath, err)
 	}
+	metrics, err := newMapMetrics(cfg.Config)
+	if err != nil {
+		return nil, fmt.Errorf("ebpf: %w", err)
+	}
 	d := &dataplane{
 		cfg:      cfg,
 		log:      cfg.Logger.With("backend", "ebpf"),
 		cgroupID: st.Ino,
 		repin:    map[string]bool{},
 		warned:   newSchedulerWarnings(),
-		metrics:  newMapMetrics(cfg.Registerer),
+		metrics:  metrics,
 		refs:     1,
 		families: map[model.IPFamily]bool{},
 		synced:   map[model.IPFamily]bool{},

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // mapMetrics reports how full the preallocated maps a backend fills are,
@@ -15,25 +16,24 @@ type mapMetrics struct {
 	pressure *prometheus.GaugeVec
 }
 
-// newMapMetrics returns the map gauges, registered with reg when it is
-// not nil. A second proxier on the same registry collides and is left
-// unregistered, as the engine's own metrics are.
-func newMapMetrics(reg prometheus.Registerer) *mapMetrics {
+// newMapMetrics returns the map gauges, registered with cfg.Registerer
+// when it is not nil; proxiers on one registry are told apart by cfg.Name
+// (see [proxier.Register]).
+func newMapMetrics(cfg proxier.Config) (*mapMetrics, error) {
+	labels := cfg.MetricLabels(nil)
 	m := &mapMetrics{
 		entries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "proxykit_ebpf_map_entries",
-			Help: "Entries the eBPF backend holds in a map (frontends, endpoint slots, Maglev tables) as of its last successful sync.",
+			Name:        "proxykit_ebpf_map_entries",
+			Help:        "Entries the eBPF backend holds in a map (frontends, endpoint slots, Maglev tables) as of its last successful sync.",
+			ConstLabels: labels,
 		}, []string{"map"}),
 		pressure: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "proxykit_ebpf_map_pressure",
-			Help: "Fill ratio of an eBPF map: entries over the map's configured size (MaxServices, MaxBackends, MaxMaglevTables).",
+			Name:        "proxykit_ebpf_map_pressure",
+			Help:        "Fill ratio of an eBPF map: entries over the map's configured size (MaxServices, MaxBackends, MaxMaglevTables).",
+			ConstLabels: labels,
 		}, []string{"map"}),
 	}
-	if reg != nil {
-		_ = reg.Register(m.entries)
-		_ = reg.Register(m.pressure)
-	}
-	return m
+	return m, proxier.Register(cfg.Registerer, &m.entries, &m.pressure)
 }
 
 // observe records the fill of family f's maps in st, of the sizes cfg

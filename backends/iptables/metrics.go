@@ -1,9 +1,12 @@
 package iptables
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // ruleMetrics reports the backend's rules as kube-proxy's iptables mode
@@ -14,12 +17,12 @@ type ruleMetrics struct {
 }
 
 // newRuleMetrics returns the metrics of the family's backend, registered
-// with reg when it is not nil. The family is a constant label, so the
-// IPv4 and IPv6 backends of one proxier register side by side; a second
-// proxier of the same family on the same registry collides and is left
-// unregistered, as the engine's own metrics are.
-func newRuleMetrics(reg prometheus.Registerer, fam model.IPFamily) *ruleMetrics {
-	labels := prometheus.Labels{"ip_family": fam.String()}
+// with cfg.Registerer when it is not nil. The family is a constant label,
+// so the IPv4 and IPv6 backends of one proxier register side by side;
+// proxiers on one registry are told apart by cfg.Name (see
+// [proxier.Register]).
+func newRuleMetrics(cfg proxier.Config, fam model.IPFamily) (*ruleMetrics, error) {
+	labels := cfg.MetricLabels(prometheus.Labels{"ip_family": fam.String()})
 	m := &ruleMetrics{
 		rules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name:        "kubeproxy_sync_proxy_rules_iptables_total",
@@ -32,11 +35,8 @@ func newRuleMetrics(reg prometheus.Registerer, fam model.IPFamily) *ruleMetrics 
 			ConstLabels: labels,
 		}),
 	}
-	if reg != nil {
-		_ = reg.Register(m.rules)
-		_ = reg.Register(m.failures)
-	}
-	return m
+	err := errors.Join(proxier.Register(cfg.Registerer, &m.rules), proxier.Register(cfg.Registerer, &m.failures))
+	return m, err
 }
 
 // observe records the outcome of a sync: st is the state in memory after

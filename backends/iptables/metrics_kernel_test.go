@@ -8,6 +8,7 @@ import (
 
 	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // TestKernelRuleMetrics: kubeproxy_sync_proxy_rules_iptables_total
@@ -19,7 +20,10 @@ func TestKernelRuleMetrics(t *testing.T) {
 	p11, p21 := e.pod(1, 1), e.pod(2, 1)
 	reg := prometheus.NewRegistry()
 	b := e.backend(model.IPv4, Config{Mode: ModeNFT, RewriteInterval: -1})
-	b.metrics = newRuleMetrics(reg, model.IPv4)
+	var err error
+	if b.metrics, err = newRuleMetrics(proxier.Config{Registerer: reg}, model.IPv4); err != nil {
+		t.Fatal(err)
+	}
 	gauges := func() map[string]float64 { return backendtest.Metrics(t, reg, "table") }
 	check := func(what string) {
 		t.Helper()

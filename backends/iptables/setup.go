@@ -204,7 +204,10 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 		r:    newRenderer(cfg, family, n, run.HasRandomFully()),
 		log:  cfg.Logger.With("backend", "iptables", "family", family.String(), "flavour", string(fl)),
 	}
-	b.metrics = newRuleMetrics(cfg.Registerer, family)
+	if b.metrics, err = newRuleMetrics(cfg.Config, family); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
 	if err := b.probe(ctx); err != nil {
 		b.Close()
 		return nil, err
