@@ -244,6 +244,25 @@ type Endpoint struct {
 // smallSet is the size up to which a linear search beats a map.
 const smallSet = 32
 
+// DefaultAffinityTimeout is the session affinity timeout of a service
+// that asks for ClientIP affinity without one (Kubernetes' default,
+// 10800 seconds).
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// SameAddrs reports whether a and b hold the same addresses, in any order
+// (each without repeats).
+func SameAddrs(a, b []netip.AddrPort) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
 // DistinctAddrs returns the distinct addresses of the endpoints of eps
 // that keep (nil: all) selects, in order, IPv4-mapped IPv6 addresses
 // unmapped.

@@ -94,6 +94,11 @@ type Config struct {
 	Name string
 }
 
+// DefaultMasqueradeBit is the packet mark bit that asks for masquerading
+// in postrouting, in the backends that mark (kube-proxy's
+// --iptables-masquerade-bit 14).
+const DefaultMasqueradeBit = 0x4000
+
 // Default intervals.
 const (
 	DefaultMinSyncInterval = time.Second

@@ -18,10 +18,6 @@ import (
 // Rendering is pure: it reads the service port, its targets and the
 // configuration, and touches nothing.
 
-// DefaultAffinityTimeout is the session affinity timeout used when a
-// service asks for affinity without one (Kubernetes' default).
-const DefaultAffinityTimeout = 10800 * time.Second
-
 // chainRules is a chain owned by one service port and its rules, each
 // the arguments after "-A <chain> ".
 type chainRules struct {
@@ -278,7 +274,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	if sp.SessionAffinity {
 		affinity = int(sp.AffinityTimeout / time.Second)
 		if affinity <= 0 {
-			affinity = int(DefaultAffinityTimeout / time.Second)
+			affinity = int(model.DefaultAffinityTimeout / time.Second)
 		}
 	}
 	// Endpoint chains, shared by the balancing chains: all holds the
@@ -720,18 +716,6 @@ func probability(n int) string { return strconv.FormatFloat(1/float64(n), 'f', 1
 // endpoints returns the distinct usable endpoint addresses of eps.
 func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
 	return model.DistinctAddrs(eps, r.fam.Usable)
-}
-
-func sameEndpoints(a, b []netip.AddrPort) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for _, x := range a {
-		if !slices.Contains(b, x) {
-			return false
-		}
-	}
-	return true
 }
 
 // fixedChains returns the fixed chains of table t with their rules, in

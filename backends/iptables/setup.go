@@ -17,9 +17,8 @@ import (
 
 // Defaults of [Config].
 const (
-	DefaultChainPrefix   = "PROXYKIT"
-	DefaultMasqueradeBit = 0x4000
-	DefaultLockWait      = iptables.DefaultWait
+	DefaultChainPrefix = "PROXYKIT"
+	DefaultLockWait    = iptables.DefaultWait
 	// DefaultRewriteInterval is kube-proxy's interval of complete
 	// rewrites.
 	DefaultRewriteInterval = time.Hour
@@ -49,7 +48,7 @@ type Config struct {
 	// [DefaultChainPrefix]; at most 10 letters, digits, '-' or '_'.
 	ChainPrefix string
 	// MasqueradeBit is the packet mark bit that asks for masquerading in
-	// postrouting. Zero means [DefaultMasqueradeBit] (kube-proxy's).
+	// postrouting. Zero means [proxier.DefaultMasqueradeBit] (kube-proxy's).
 	MasqueradeBit uint32
 	// Mode selects the iptables flavour. [ModeAuto] detects it the way
 	// kube-proxy does: the flavour holding our chains or kubelet's hint
@@ -86,7 +85,7 @@ func (c Config) WithDefaults() Config {
 		c.ChainPrefix = DefaultChainPrefix
 	}
 	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = DefaultMasqueradeBit
+		c.MasqueradeBit = proxier.DefaultMasqueradeBit
 	}
 	if c.LockWait <= 0 {
 		c.LockWait = DefaultLockWait

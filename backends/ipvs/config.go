@@ -14,11 +14,7 @@ const (
 	DefaultScheduler                  = "rr"
 	DefaultInterfaceName              = "proxykit-ipvs0"
 	DefaultTableName                  = "proxykit-ipvs"
-	DefaultMasqueradeBit              = 0x4000
 	DefaultGracefulTerminationTimeout = 15 * time.Minute
-	// DefaultAffinityTimeout is the persistence timeout of a service
-	// with session affinity but no timeout (Kubernetes' default).
-	DefaultAffinityTimeout = 10800 * time.Second
 )
 
 // Schedulers are the IPVS schedulers the backend accepts, by the name
@@ -44,7 +40,7 @@ type Config struct {
 	// family ("ip NAME", "ip6 NAME"). Empty means [DefaultTableName].
 	TableName string
 	// MasqueradeBit is the packet mark bit that asks for masquerading
-	// in postrouting. Zero means [DefaultMasqueradeBit] (kube-proxy's).
+	// in postrouting. Zero means [proxier.DefaultMasqueradeBit] (kube-proxy's).
 	MasqueradeBit uint32
 	// GracefulTerminationTimeout bounds how long a removed TCP real
 	// server keeps weight 0 while its connections drain before it is
@@ -70,7 +66,7 @@ func (c Config) WithDefaults() Config {
 		c.TableName = DefaultTableName
 	}
 	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = DefaultMasqueradeBit
+		c.MasqueradeBit = proxier.DefaultMasqueradeBit
 	}
 	if c.GracefulTerminationTimeout == 0 {
 		c.GracefulTerminationTimeout = DefaultGracefulTerminationTimeout

@@ -25,7 +25,7 @@ func request(f model.IPFamily, svcs []svc, changed ...model.ServicePortName) *pr
 }
 
 func testRenderer(f model.IPFamily, nodeAddrs ...string) *renderer {
-	r := &renderer{fam: f, scheduler: "rr", affinityTO: DefaultAffinityTimeout}
+	r := &renderer{fam: f, scheduler: "rr", affinityTO: model.DefaultAffinityTimeout}
 	for _, a := range nodeAddrs {
 		r.nodeAddrs = append(r.nodeAddrs, netip.MustParseAddr(a))
 	}

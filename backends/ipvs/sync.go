@@ -76,7 +76,7 @@ func (b *backend) plan(req *proxier.SyncRequest, full bool) (*state, *change, er
 	} else {
 		nodeAddrs = b.st.nodeAddrs
 	}
-	r := &renderer{fam: b.fi.fam, scheduler: b.cfg.Scheduler, nodeAddrs: nodeAddrs, affinityTO: DefaultAffinityTimeout, log: b.log, nodeIP: proxier.PrimaryNodeIP(b.cfg.Config, req, b.fi.fam)}
+	r := &renderer{fam: b.fi.fam, scheduler: b.cfg.Scheduler, nodeAddrs: nodeAddrs, affinityTO: model.DefaultAffinityTimeout, log: b.log, nodeIP: proxier.PrimaryNodeIP(b.cfg.Config, req, b.fi.fam)}
 	st := b.st
 	if full {
 		st = newState()

@@ -20,10 +20,6 @@ import (
 // service, its targets and the previous rendering (to keep endpoint
 // indexes stable) and touches nothing.
 
-// DefaultAffinityTimeout is the session affinity timeout used when a
-// service asks for affinity without a timeout (Kubernetes' default).
-const DefaultAffinityTimeout = 10800 * time.Second
-
 // maxChainName is NFT_NAME_MAXLEN less the terminating NUL.
 const maxChainName = 255
 
@@ -286,7 +282,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	if sp.SessionAffinity {
 		affinity = sp.AffinityTimeout.Truncate(time.Second)
 		if affinity <= 0 {
-			affinity = DefaultAffinityTimeout
+			affinity = model.DefaultAffinityTimeout
 		}
 	}
 	var encErr error
@@ -440,7 +436,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	}
 	if sp.ExternalPolicy != model.PolicyLocal {
 		c.enc = append(c.enc, r.mark)
-		if len(internal) > 0 && sameEndpoints(internal, externalEps) {
+		if len(internal) > 0 && model.SameAddrs(internal, externalEps) {
 			c.enc = append(c.enc, toCluster(nil))
 		} else {
 			c.enc = append(c.enc, ownGroup(1, slots)...)
@@ -500,18 +496,6 @@ func noEndpoints(add func(string, elem), clusterKey []byte, extKeys [][]byte, np
 // endpoints returns the distinct usable endpoint addresses of eps.
 func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
 	return model.DistinctAddrs(eps, r.fi.fam.Usable)
-}
-
-func sameEndpoints(a, b []netip.AddrPort) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for _, x := range a {
-		if !slices.Contains(b, x) {
-			return false
-		}
-	}
-	return true
 }
 
 // stableSlots orders eps so that endpoints keep the index they had in prev:

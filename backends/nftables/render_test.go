@@ -20,7 +20,7 @@ import (
 
 func testRenderer(t *testing.T, f model.IPFamily, clusterCIDRs bool) *renderer {
 	t.Helper()
-	r, err := newRenderer(familyInfoOf(f), DefaultMasqueradeBit, false, clusterCIDRs, netip.Addr{})
+	r, err := newRenderer(familyInfoOf(f), proxier.DefaultMasqueradeBit, false, clusterCIDRs, netip.Addr{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestRenderPolicies(t *testing.T) {
 
 	// The shared cluster chains masquerade traffic from outside the
 	// cluster.
-	for _, c := range r.fi.skeleton(DefaultMasqueradeBit, false, false, true) {
+	for _, c := range r.fi.skeleton(proxier.DefaultMasqueradeBit, false, false, true) {
 		if c.name == sharedChain(chainClusterPrefix, 0) {
 			enc, err := encodeExprs(r.fi.proto, c.rules[0])
 			if err != nil || !slices.Equal(enc, r.jumpMasq) {
@@ -468,7 +468,7 @@ func TestRenderSourceRangesNodeIP(t *testing.T) {
 		if tc.node != "" {
 			node = netip.MustParseAddr(tc.node)
 		}
-		r, err := newRenderer(familyInfoOf(model.IPv4), DefaultMasqueradeBit, false, false, node)
+		r, err := newRenderer(familyInfoOf(model.IPv4), proxier.DefaultMasqueradeBit, false, false, node)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,6 @@ import (
 // Defaults of [Config].
 const (
 	DefaultTableName       = "proxykit"
-	DefaultMasqueradeBit   = 0x4000
 	DefaultAffinityMapSize = 1 << 18
 )
 
@@ -32,7 +31,7 @@ type Config struct {
 	// ("ip NAME" and "ip6 NAME"). Empty means [DefaultTableName].
 	TableName string
 	// MasqueradeBit is the packet mark bit that asks for masquerading in
-	// postrouting. Zero means [DefaultMasqueradeBit] (kube-proxy's).
+	// postrouting. Zero means [proxier.DefaultMasqueradeBit] (kube-proxy's).
 	MasqueradeBit uint32
 	// AffinityMapSize bounds the number of clients remembered for session
 	// affinity, per family. Zero means [DefaultAffinityMapSize].
@@ -46,7 +45,7 @@ func (c Config) WithDefaults() Config {
 		c.TableName = DefaultTableName
 	}
 	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = DefaultMasqueradeBit
+		c.MasqueradeBit = proxier.DefaultMasqueradeBit
 	}
 	if c.AffinityMapSize == 0 {
 		c.AffinityMapSize = DefaultAffinityMapSize
