@@ -21,9 +21,6 @@ import (
 	"github.com/proxykit/proxykit/model"
 )
 
-// LabelTopologyZone is the node label that names its zone.
-const LabelTopologyZone = "topology.kubernetes.io/zone"
-
 // Engine is the Proxier every backend package returns: it owns the change
 // trackers and the sync loop and drives one Backend per IP family.
 type Engine struct {
@@ -31,7 +28,7 @@ type Engine struct {
 	log      *slog.Logger
 	runner   *runner
 	families []*family
-	hooks    []AfterSyncHook
+	hooks    []afterSyncHook
 	ct       *conntrackHook
 	metrics  *metrics
 	svcHC    serviceHealthServers // nil: no service health checks
@@ -98,10 +95,9 @@ type portHealth struct {
 	local int
 }
 
-// AfterSyncHook runs after every successful sync of a family with the
-// request the backend was given. The engine's own conntrack cleanup is
-// one.
-type AfterSyncHook func(ctx context.Context, b Backend, req *SyncRequest)
+// afterSyncHook runs after every successful sync of a family with the
+// request the backend was given; the conntrack cleanup is one.
+type afterSyncHook func(ctx context.Context, b Backend, req *SyncRequest)
 
 // withName adds the proxier's name to log records, when it has one.
 func withName(l *slog.Logger, name string) *slog.Logger {
@@ -201,10 +197,6 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 	return e, nil
 }
 
-// AddAfterSyncHook registers h to run after every successful sync. Call it
-// before Run.
-func (e *Engine) AddAfterSyncHook(h AfterSyncHook) { e.hooks = append(e.hooks, h) }
-
 // event records that something changed and asks for a sync.
 func (e *Engine) event(apply func()) {
 	e.mu.Lock()
@@ -282,7 +274,7 @@ func (e *Engine) OnNodeUpdate(_, node *v1.Node) {
 	if node == nil || node.Name != e.cfg.NodeName {
 		return
 	}
-	zone := node.Labels[LabelTopologyZone]
+	zone := node.Labels[v1.LabelTopologyZone]
 	// InternalIPs first, then ExternalIPs: the first of a family is the
 	// node's primary address, as kube-proxy picks it.
 	var ips []netip.Addr
@@ -707,15 +699,13 @@ func (e *Engine) serveServiceHealth(want map[model.ServiceName]healthcheck.Servi
 	e.hcServed, e.hcFailed = want, err != nil
 }
 
-// AnnotationTriggerTime is the EndpointSlice annotation the control plane
-// sets to when the change behind the slice's last update happened.
-const AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
-
 func triggerTime(slice *discoveryv1.EndpointSlice) time.Time {
 	if slice == nil {
 		return time.Time{}
 	}
-	v, ok := slice.Annotations[AnnotationTriggerTime]
+	// The control plane sets it to when the change behind the slice's
+	// last update happened.
+	v, ok := slice.Annotations[v1.EndpointsLastChangeTriggerTime]
 	if !ok {
 		return time.Time{}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/proxykit/proxykit/model"
 )
@@ -22,7 +23,7 @@ func TestMetricsScrapedOverHTTP(t *testing.T) {
 	e.OnServiceAdd(testService("a", "10.96.0.1", 80))
 	e.OnServiceAdd(testService("b", "10.96.0.2", 80))
 	sl := testSlice("a", "a-1", "10.244.1.2")
-	sl.Annotations = map[string]string{AnnotationTriggerTime: time.Now().Add(-2 * time.Second).Format(time.RFC3339Nano)}
+	sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().Add(-2 * time.Second).Format(time.RFC3339Nano)}
 	e.OnEndpointSliceAdd(sl)
 	e.OnServiceSynced()
 	e.OnEndpointSlicesSynced()

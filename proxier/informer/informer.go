@@ -19,14 +19,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/proxykit/proxykit/changetracker"
 	"github.com/proxykit/proxykit/proxier"
 )
 
-// Labels the selectors use.
-const (
-	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
-	LabelHeadless         = "service.kubernetes.io/headless"
-)
+// LabelServiceProxyName is the Service label that hands a Service to
+// one service proxy (the one whose Config.ServiceProxyName it holds).
+const LabelServiceProxyName = changetracker.LabelServiceProxyName
 
 // Config says what to watch.
 type Config struct {
@@ -49,7 +48,7 @@ type Config struct {
 // Selector returns the label selector for Services and EndpointSlices:
 // not headless, and with the given service-proxy-name (or none).
 func Selector(serviceProxyName string) (labels.Selector, error) {
-	noHeadless, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
+	noHeadless, err := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ func TestRunDeliversSelectedObjects(t *testing.T) {
 	client := fake.NewClientset(
 		svc("plain", nil),
 		svc("other-proxy", map[string]string{LabelServiceProxyName: "someone-else"}),
-		svc("headless", map[string]string{LabelHeadless: ""}),
+		svc("headless", map[string]string{v1.IsHeadlessService: ""}),
 		&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plain-1",
 			Labels: map[string]string{discoveryv1.LabelServiceName: "plain"}}, AddressType: discoveryv1.AddressTypeIPv4},
 		&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1", Labels: map[string]string{"topology.kubernetes.io/zone": "a"}}},
