@@ -224,3 +224,30 @@ func OnlyObjectErrors(err error) bool {
 // ErrNotSupported is matched (with errors.Is) by errors that say the kernel
 // or the platform lacks something a backend needs.
 var ErrNotSupported = errors.New("not supported")
+
+// UnsupportedError says what a backend found missing on this node: a
+// kernel feature, a program, a version. Every backend returns it for
+// that, and it matches [ErrNotSupported].
+type UnsupportedError struct {
+	// Backend is the backend's name, e.g. "nftables".
+	Backend string
+	// What names what is missing, e.g. "nft_fib" or "program
+	// ip6tables-nft-restore".
+	What string
+	// Err is the kernel's or the program's answer, if any.
+	Err error
+}
+
+func (e *UnsupportedError) Error() string {
+	s := e.Backend + ": missing " + e.What
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is matches [ErrNotSupported].
+func (e *UnsupportedError) Is(target error) bool { return target == ErrNotSupported }
+
+// Unwrap returns the underlying answer.
+func (e *UnsupportedError) Unwrap() error { return e.Err }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // hook is one cgroup attach point and its program.
@@ -252,7 +253,7 @@ func netnsCookie(ns *netns.NS) (uint64, error) {
 		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE,
 			uintptr(unsafe.Pointer(&cookie)), uintptr(unsafe.Pointer(&size)), 0)
 		if errno != 0 {
-			return &UnsupportedError{Feature: "SO_NETNS_COOKIE (kernel 5.14)", Err: errno}
+			return &proxier.UnsupportedError{Backend: "ebpf", What: "SO_NETNS_COOKIE (kernel 5.14)", Err: errno}
 		}
 		return nil
 	})
@@ -422,7 +423,7 @@ func loadDestroyer(rev *ebpf.Map) (*destroyer, error) {
 	}
 	if x.iter, err = link.AttachIter(link.IterOptions{Program: x.objs.PkDestroyUdp}); err != nil {
 		x.objs.Close()
-		return nil, &UnsupportedError{Feature: "BPF UDP socket iterators (kernel 5.9)", Err: err}
+		return nil, &proxier.UnsupportedError{Backend: "ebpf", What: "BPF UDP socket iterators (kernel 5.9)", Err: err}
 	}
 	return &x, nil
 }
@@ -434,7 +435,7 @@ func loadError(what string, err error) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("ebpf: load %s: %w (CAP_BPF and CAP_NET_ADMIN, or CAP_SYS_ADMIN, are needed)", what, err)
 	case errors.As(err, &verr), errors.Is(err, unix.EINVAL), errors.Is(err, ebpf.ErrNotSupported):
-		return &UnsupportedError{Feature: "what " + what + " need", Err: err}
+		return &proxier.UnsupportedError{Backend: "ebpf", What: "what " + what + " need", Err: err}
 	}
 	return fmt.Errorf("ebpf: load %s: %w", what, err)
 }

@@ -7,6 +7,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // probe checks the program type, map types and helpers the socket
@@ -43,11 +45,11 @@ func probe() error {
 }
 
 // unsupported wraps the answer of a feature probe: ErrNotSupported
-// becomes an [*UnsupportedError]; anything else (no privilege) stays
+// becomes an [*proxier.UnsupportedError]; anything else (no privilege) stays
 // what it is.
 func unsupported(feature string, err error) error {
 	if errors.Is(err, ebpf.ErrNotSupported) {
-		return &UnsupportedError{Feature: feature, Err: err}
+		return &proxier.UnsupportedError{Backend: "ebpf", What: feature, Err: err}
 	}
 	return fmt.Errorf("ebpf: probe %s: %w", feature, err)
 }

@@ -343,26 +343,6 @@ func newBackend(cfg Config, family model.IPFamily, dp *dataplane) (*backend, err
 	return b, nil
 }
 
-// UnsupportedError says which kernel feature the backend found missing.
-// It matches [proxier.ErrNotSupported].
-type UnsupportedError struct {
-	// Feature names what is missing, e.g. "helper bpf_set_retval in
-	// cgroup sock_addr programs (kernel 5.18)".
-	Feature string
-	// Err is the kernel's answer.
-	Err error
-}
-
-func (e *UnsupportedError) Error() string {
-	return "ebpf: kernel lacks " + e.Feature + ": " + e.Err.Error()
-}
-
-// Is matches [proxier.ErrNotSupported].
-func (e *UnsupportedError) Is(target error) bool { return target == proxier.ErrNotSupported }
-
-// Unwrap returns the kernel's answer.
-func (e *UnsupportedError) Unwrap() error { return e.Err }
-
 // checkFS checks that path is a directory on a file system of type magic.
 func checkFS(path string, magic int64, what string) error {
 	var st unix.Statfs_t

@@ -460,7 +460,7 @@ func TestNewWithoutPrograms(t *testing.T) {
 		t.Fatalf("New without programs: %v", err)
 	}
 	_, err = NewBackend(Config{Mode: ModeNFT}, model.IPv6)
-	var ue *UnsupportedError
+	var ue *proxier.UnsupportedError
 	if !errors.As(err, &ue) || ue.What != "program ip6tables-nft-restore" {
 		t.Fatalf("NewBackend without programs: %v", err)
 	}

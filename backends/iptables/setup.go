@@ -102,7 +102,7 @@ func (c Config) WithDefaults() Config {
 // once for both).
 //
 // New checks the programs first; if one is missing or too old, or lacks
-// an extension the backend uses, the error is an [*UnsupportedError]
+// an extension the backend uses, the error is an [*proxier.UnsupportedError]
 // matching [proxier.ErrNotSupported] and naming what is missing.
 func New(cfg Config) (proxier.Proxier, error) {
 	cfg = cfg.WithDefaults()
@@ -192,7 +192,7 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	}
 	if !run.Version().AtLeast(1, 6, 2) {
 		closeAll()
-		return nil, &UnsupportedError{What: "iptables 1.6.2 or later (" + tools.Cmd + " is " + run.Version().String() + ")"}
+		return nil, &proxier.UnsupportedError{Backend: "iptables", What: "iptables 1.6.2 or later (" + tools.Cmd + " is " + run.Version().String() + ")"}
 	}
 	b := &backend{
 		cfg:  cfg,
@@ -227,35 +227,12 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	return b, nil
 }
 
-// UnsupportedError says what the backend found missing: a program, a
-// version, an extension. It matches [proxier.ErrNotSupported].
-type UnsupportedError struct {
-	// What names what is missing, e.g. "program ip6tables-nft-restore".
-	What string
-	// Err is the underlying error, if any.
-	Err error
-}
-
-func (e *UnsupportedError) Error() string {
-	s := "iptables: missing " + e.What
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
-	}
-	return s
-}
-
-// Is matches [proxier.ErrNotSupported].
-func (e *UnsupportedError) Is(target error) bool { return target == proxier.ErrNotSupported }
-
-// Unwrap returns the underlying error.
-func (e *UnsupportedError) Unwrap() error { return e.Err }
-
 func unsupported(err error) error {
 	var me *iptables.MissingError
 	if errors.As(err, &me) {
-		return &UnsupportedError{What: "program " + me.Program, Err: me.Err}
+		return &proxier.UnsupportedError{Backend: "iptables", What: "program " + me.Program, Err: me.Err}
 	}
-	return &UnsupportedError{What: "a working iptables", Err: err}
+	return &proxier.UnsupportedError{Backend: "iptables", What: "a working iptables", Err: err}
 }
 
 // probe has the restore program parse (without committing) a rule set
@@ -305,7 +282,7 @@ func (b *backend) probe(ctx context.Context) error {
 		if re.Line > 0 {
 			what = "support for `" + re.Text + "`"
 		}
-		return &UnsupportedError{What: what, Err: err}
+		return &proxier.UnsupportedError{Backend: "iptables", What: what, Err: err}
 	}
 	if err != nil {
 		return fmt.Errorf("iptables: probe: %w", err)

@@ -31,8 +31,8 @@ func TestNewWithoutIPVS(t *testing.T) {
 		}
 		t.Fatal("NewBackend succeeded without IPVS")
 	}
-	var ue *UnsupportedError
-	if !errors.Is(err, proxier.ErrNotSupported) || !errors.As(err, &ue) || ue.Feature != "IPVS (ip_vs)" {
+	var ue *proxier.UnsupportedError
+	if !errors.Is(err, proxier.ErrNotSupported) || !errors.As(err, &ue) || ue.What != "IPVS (ip_vs)" {
 		t.Errorf("error %v (%T); want an *UnsupportedError for IPVS matching ErrNotSupported", err, err)
 	}
 }

@@ -24,32 +24,13 @@ import (
 //
 // New probes the kernel first; if it lacks IPVS or a netfilter feature
 // the backend needs, the error matches [proxier.ErrNotSupported] and is an
-// [*UnsupportedError] naming it.
+// [*proxier.UnsupportedError] naming it.
 func New(cfg Config) (proxier.Proxier, error) {
 	cfg = cfg.WithDefaults()
 	return proxier.NewPerFamily(cfg.Config, func(f model.IPFamily) (proxier.Backend, error) {
 		return NewBackend(cfg, f)
 	})
 }
-
-// UnsupportedError says which kernel feature the backend found missing. It
-// matches [proxier.ErrNotSupported].
-type UnsupportedError struct {
-	// Feature names what is missing, e.g. "IPVS (ip_vs)".
-	Feature string
-	// Err is the kernel's answer.
-	Err error
-}
-
-func (e *UnsupportedError) Error() string {
-	return "ipvs: kernel lacks " + e.Feature + ": " + e.Err.Error()
-}
-
-// Is matches [proxier.ErrNotSupported].
-func (e *UnsupportedError) Is(target error) bool { return target == proxier.ErrNotSupported }
-
-// Unwrap returns the kernel's answer.
-func (e *UnsupportedError) Unwrap() error { return e.Err }
 
 // backend programs one IP family of one network namespace.
 type backend struct {
@@ -144,7 +125,7 @@ func NewBackend(cfg Config, f model.IPFamily) (proxier.Backend, error) {
 		if errors.Is(err, unix.EPERM) {
 			return nil, fmt.Errorf("ipvs: nftables probe: %w (CAP_NET_ADMIN is needed)", err)
 		}
-		return nil, &UnsupportedError{Feature: "the nftables rules the backend needs (nf_tables, nft_ct, nft_reject, nft_masq, nft_chain_nat, concatenated interval sets)", Err: err}
+		return nil, &proxier.UnsupportedError{Backend: "ipvs", What: "the nftables rules the backend needs (nf_tables, nft_ct, nft_reject, nft_masq, nft_chain_nat, concatenated interval sets)", Err: err}
 	}
 	return b, nil
 }
@@ -159,7 +140,7 @@ func (b *backend) probeIPVS() error {
 	// module is global; its state is per namespace.
 	_ = exec.Command("modprobe", "ip_vs").Run()
 	if _, err := b.nl.GenlFamilyGet("IPVS"); err != nil {
-		return &UnsupportedError{Feature: "IPVS (ip_vs)", Err: err}
+		return &proxier.UnsupportedError{Backend: "ipvs", What: "IPVS (ip_vs)", Err: err}
 	}
 	return nil
 }

@@ -120,25 +120,6 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	return b, nil
 }
 
-// UnsupportedError says which kernel feature the backend found missing. It
-// matches [proxier.ErrNotSupported].
-type UnsupportedError struct {
-	// Feature names what is missing, e.g. "nft_fib".
-	Feature string
-	// Err is the kernel's answer.
-	Err error
-}
-
-func (e *UnsupportedError) Error() string {
-	return "nftables: kernel lacks " + e.Feature + ": " + e.Err.Error()
-}
-
-// Is matches [proxier.ErrNotSupported].
-func (e *UnsupportedError) Is(target error) bool { return target == proxier.ErrNotSupported }
-
-// Unwrap returns the kernel's answer.
-func (e *UnsupportedError) Unwrap() error { return e.Err }
-
 // probe checks that the kernel accepts everything the backend programs,
 // by sending the full skeleton in a transaction that creates and deletes
 // a scratch table. Nothing stays behind, even if the process dies.
@@ -177,10 +158,10 @@ func (b *backend) probe() error {
 		f.add(tx)
 		tx.delTable()
 		if ferr := b.conn.commit(tx); ferr != nil {
-			return &UnsupportedError{Feature: f.name, Err: ferr}
+			return &proxier.UnsupportedError{Backend: "nftables", What: f.name, Err: ferr}
 		}
 	}
-	return &UnsupportedError{Feature: "the backend's ruleset", Err: err}
+	return &proxier.UnsupportedError{Backend: "nftables", What: "the backend's ruleset", Err: err}
 }
 
 type feature struct {
