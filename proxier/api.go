@@ -225,6 +225,11 @@ func OnlyObjectErrors(err error) bool {
 // or the platform lacks something a backend needs.
 var ErrNotSupported = errors.New("not supported")
 
+// ErrCapacity is matched (with errors.Is) by errors that say a dataplane
+// is too small for the desired state, e.g. a full BPF map: a setting of
+// the backend must grow.
+var ErrCapacity = errors.New("dataplane capacity exhausted")
+
 // UnsupportedError says what a backend found missing on this node: a
 // kernel feature, a program, a version. Every backend returns it for
 // that, and it matches [ErrNotSupported].

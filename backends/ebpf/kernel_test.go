@@ -720,8 +720,8 @@ func TestMapFull(t *testing.T) {
 	err := x.b.Sync(t.Context(), request(model.IPv4, []testSvc{small, big}, nil))
 	var oe *proxier.ObjectError
 	var full *MapFullError
-	if !errors.As(err, &oe) || oe.Service != big.Port.Name || !errors.As(err, &full) || full.Map != mapBe4 {
-		t.Fatalf("sync: %v; want an ObjectError for %s naming %s", err, big.Port.Name, mapBe4)
+	if !errors.As(err, &oe) || oe.Service != big.Port.Name || !errors.As(err, &full) || full.Map != mapBe4 || !errors.Is(err, proxier.ErrCapacity) {
+		t.Fatalf("sync: %v; want an ObjectError for %s naming %s, matching ErrCapacity", err, big.Port.Name, mapBe4)
 	}
 	t.Log(err)
 	x.answers(x.pod3, "tcp", ap(v, 80), 8080, 3, x.p11)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // Map names, as in bpf/sock.c and bpf/destroy.c, and as pinned under
@@ -347,7 +348,8 @@ func mapName(m *ebpf.Map) string {
 }
 
 // MapFullError says that a BPF map is too small for the desired state.
-// It names the map and the Config field that sizes it.
+// It names the map and the Config field that sizes it, and matches
+// [proxier.ErrCapacity].
 type MapFullError struct {
 	// Map is the BPF map, e.g. "pk_be4".
 	Map string
@@ -360,6 +362,9 @@ type MapFullError struct {
 func (e *MapFullError) Error() string {
 	return fmt.Sprintf("BPF map %s is full (%d entries; raise Config.%s)", e.Map, e.Size, e.Field)
 }
+
+// Is matches [proxier.ErrCapacity].
+func (e *MapFullError) Is(target error) bool { return target == proxier.ErrCapacity }
 
 // configField returns the Config field that sizes the map name.
 func configField(name string) string {
