@@ -199,6 +199,16 @@ type ServicePort struct {
 	Scheduler string
 }
 
+// SourceRangesHold reports whether one of the port's
+// LoadBalancerSourceRanges holds a. For the node's own address, that
+// admits the port's load-balancer IPs as sources too (kube-proxy's
+// allowFromNode: the node reaching a VIP from the VIP).
+func (p *ServicePort) SourceRangesHold(a netip.Addr) bool {
+	return a.IsValid() && slices.ContainsFunc(p.LoadBalancerSourceRanges, func(r netip.Prefix) bool {
+		return r.IsValid() && r.Contains(a)
+	})
+}
+
 // ExternallyAccessible reports whether the port is reachable from outside
 // the cluster: by node port, external IP or load-balancer IP.
 func (p *ServicePort) ExternallyAccessible() bool {

@@ -500,9 +500,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		// service's VIPs are sources too (the node reaching a VIP from
 		// the VIP). The rest, the node's own traffic included, falls
 		// through unDNATed and is dropped by the filter FIREWALL chain.
-		if r.nodeIP.IsValid() && slices.ContainsFunc(sp.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
-			return p.IsValid() && p.Contains(r.nodeIP)
-		}) {
+		if sp.SourceRangesHold(r.nodeIP) {
 			for _, a := range lbDsts {
 				w.b = append(w.b, "-s "...)
 				w.b = a.AppendTo(w.b)

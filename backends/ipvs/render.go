@@ -220,16 +220,12 @@ func (r *renderer) render(sp *model.ServicePort, t *proxier.Targets) (*svcObjs, 
 		}
 		if vs.Kind == kindLB && len(sp.LoadBalancerSourceRanges) > 0 {
 			o.Elems = append(o.Elems, elem{Set: setFirewall, Key: k})
-			fromNode := false
 			for _, src := range sp.LoadBalancerSourceRanges {
 				if r.fam.Contains(src.Addr()) {
 					o.Elems = append(o.Elems, elem{Set: setFirewallOK, Key: k, Src: src.Masked()})
-					fromNode = fromNode || (r.nodeIP.IsValid() && src.Contains(r.nodeIP))
 				}
 			}
-			if fromNode {
-				// The node may reach the VIP from the VIP (kube-proxy's
-				// allowFromNode).
+			if sp.SourceRangesHold(r.nodeIP) {
 				for _, a := range sp.LoadBalancerIPs {
 					if r.fam.Contains(a) {
 						o.Elems = append(o.Elems, elem{Set: setFirewallOK, Key: k, Src: netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())})

@@ -236,11 +236,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 
 	// Firewall: source ranges of load-balancer IPs, whatever the endpoints.
 	if ranges := normalizeRanges(fi.fam, sp.LoadBalancerSourceRanges); len(sp.LoadBalancerSourceRanges) > 0 {
-		if r.nodeIP.IsValid() && slices.ContainsFunc(sp.LoadBalancerSourceRanges, func(p netip.Prefix) bool {
-			return p.IsValid() && p.Contains(r.nodeIP)
-		}) {
-			// The node may reach the VIP from the VIP (kube-proxy's
-			// allowFromNode).
+		if sp.SourceRangesHold(r.nodeIP) {
 			for _, a := range sp.LoadBalancerIPs {
 				if fi.fam.Contains(a) {
 					ranges = append(ranges, [2]netip.Addr{a.Unmap(), a.Unmap()})
