@@ -22,13 +22,11 @@ force=0
 [ "${1:-}" = "--force" ] && force=1
 
 log() { echo "hack/kubeproxy/build.sh: $*" >&2; }
+# shellcheck source=../lib/k8sbuild.sh
+. "$here/../lib/k8sbuild.sh"
 
 src="$here/oracle"
-version="$(awk '($1 == "k8s.io/kubernetes" && $2 ~ /^v/) { print $2 } ($1 == "require" && $2 == "k8s.io/kubernetes") { print $3 }' "$src/go.mod" | head -n1)"
-if [ -z "$version" ]; then
-	log "no 'require k8s.io/kubernetes vX.Y.Z' line in $src/go.mod"
-	exit 1
-fi
+version="$(k8s_version "$src")"
 # The binary's name carries a digest of the oracle's sources, so a changed
 # oracle is rebuilt on a machine whose cache holds an older one
 # (internal/kubeproxy computes the same name: each of go.mod, go.sum and
@@ -36,28 +34,8 @@ fi
 digest="$(cd "$src" && for f in $(ls go.mod go.sum *.go | LC_ALL=C sort); do printf '%s\n' "$f"; cat "$f"; done | sha256sum | cut -c1-12)"
 out="$cache/kube-proxy-oracle-$version-$digest"
 if [ "$force" -eq 1 ] || [ ! -x "$out" ]; then
-	mkdir -p "$cache"
-	minor="${version#v1.}"
-	minor="${minor%%.*}"
 	log "building kube-proxy-oracle $version into $out"
-	start=$(date +%s)
-	tmp="$out.tmp.$$"
-	trap 'rm -f "$tmp"' EXIT
-	(
-		cd "$src"
-		# The module is outside the main module's tree walk (own go.mod);
-		# GOWORK=off keeps any go.work from pulling it in.
-		GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 go build -trimpath \
-			-ldflags "-s -w \
-				-X k8s.io/component-base/version.gitVersion=$version \
-				-X k8s.io/component-base/version.gitMajor=1 \
-				-X k8s.io/component-base/version.gitMinor=$minor \
-				-X k8s.io/component-base/version.gitTreeState=clean" \
-			-o "$tmp" .
-	)
-	mv -f "$tmp" "$out"
-	trap - EXIT
-	log "built in $(($(date +%s) - start)) s"
+	k8s_build "$src" "$version" "$out"
 fi
 
 echo "kube-proxy-oracle=$out"

@@ -20,6 +20,8 @@ force=0
 [ "${1:-}" = "--force" ] && force=1
 
 log() { echo "hack/testcluster/build.sh: $*" >&2; }
+# shellcheck source=../lib/k8sbuild.sh
+. "$here/../lib/k8sbuild.sh"
 
 # etcd ----------------------------------------------------------------------
 if ! command -v etcd >/dev/null 2>&1; then
@@ -35,35 +37,11 @@ etcd_bin="$(command -v etcd)"
 
 # kube-apiserver ------------------------------------------------------------
 src="$here/kube-apiserver"
-version="$(awk '($1 == "k8s.io/kubernetes" && $2 ~ /^v/) { print $2 } ($1 == "require" && $2 == "k8s.io/kubernetes") { print $3 }' "$src/go.mod" | head -n1)"
-if [ -z "$version" ]; then
-	log "no 'require k8s.io/kubernetes vX.Y.Z' line in $src/go.mod"
-	exit 1
-fi
+version="$(k8s_version "$src")"
 out="$cache/kube-apiserver-$version"
 if [ "$force" -eq 1 ] || [ ! -x "$out" ]; then
-	mkdir -p "$cache"
-	minor="${version#v1.}"
-	minor="${minor%%.*}"
 	log "building kube-apiserver $version into $out (a cold build takes ~7.5 min on 2 cores)"
-	start=$(date +%s)
-	tmp="$out.tmp.$$"
-	trap 'rm -f "$tmp"' EXIT
-	(
-		cd "$src"
-		# The module is outside the main module's tree walk (own go.mod);
-		# GOWORK=off keeps any go.work from pulling it in.
-		GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 go build -trimpath \
-			-ldflags "-s -w \
-				-X k8s.io/component-base/version.gitVersion=$version \
-				-X k8s.io/component-base/version.gitMajor=1 \
-				-X k8s.io/component-base/version.gitMinor=$minor \
-				-X k8s.io/component-base/version.gitTreeState=clean" \
-			-o "$tmp" .
-	)
-	mv -f "$tmp" "$out"
-	trap - EXIT
-	log "built in $(($(date +%s) - start)) s"
+	k8s_build "$src" "$version" "$out"
 fi
 
 echo "etcd=$etcd_bin"
