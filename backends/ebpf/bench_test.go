@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
-	"github.com/proxykit/proxykit/internal/bench/scale"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
-	"github.com/proxykit/proxykit/internal/bench/scale"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -30,7 +30,7 @@ import (
 //	go test ./backends/nftables -run='^$' -bench='OneEndpointAdd|ConnectClusterIP' -count=5
 //
 // Layouts: "proxykit" is this backend; "kube-proxy" is kube-proxy's
-// nftables layout (internal/bench/scale.KubeProxyNFT) loaded with `nft -f`, as kube-proxy
+// nftables layout (internal/scale.KubeProxyNFT) loaded with `nft -f`, as kube-proxy
 // does, at the same scale in the same run.
 
 // durations collects per-operation times and reports their median and

@@ -9,7 +9,7 @@ import (
 )
 
 // The benchmarks load kube-proxy's nftables layout for the same services
-// (internal/bench/scale.KubeProxyNFT, shared with the cross-backend
+// (internal/scale.KubeProxyNFT, shared with the cross-backend
 // benchmark tool) with `nft -f`, next to this backend's figures.
 
 // nftFile runs `nft -f` on script in ns and returns how long it took.

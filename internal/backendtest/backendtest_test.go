@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/proxykit/proxykit/internal/bench/scale"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
 )
 

@@ -3,7 +3,7 @@ package backendtest
 import (
 	"net/netip"
 
-	"github.com/proxykit/proxykit/internal/bench/scale"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )

@@ -32,7 +32,7 @@ func TestSmoke(t *testing.T) {
 	o.TimeLimit = 2 * time.Minute
 	dir := t.TempDir()
 	o.Out, o.PlotDir = filepath.Join(dir, "BENCHMARKS.md"), dir
-	o.Command = "sudo go run ./internal/bench --smoke"
+	o.Command = buildCommand + " && " + runCommand + " --smoke"
 	o.Log = logWriter{t}
 	rep, err := run(t.Context(), o)
 	if err != nil {

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/proxykit/proxykit/internal/bench/scale"
 	"github.com/proxykit/proxykit/internal/cgroup2"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 )
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/proxykit/proxykit/internal/bench/plot"
+	"github.com/proxykit/proxykit/cmd/proxykit-bench/internal/plot"
 )
 
 // Plot files, in Options.PlotDir.
@@ -130,7 +130,7 @@ func markdown(rep *Report, o Options) string {
 	m := rep.Machine
 	p("# Benchmarks\n\n")
 	p("Scale and comparison figures of proxykit's dataplane backends against kube-proxy's\n")
-	p("nftables and iptables layouts, measured by [`internal/bench`](internal/bench) in fresh\n")
+	p("nftables and iptables layouts, measured by [`cmd/proxykit-bench`](cmd/proxykit-bench) in fresh\n")
 	p("network namespaces on one machine. This file, the plots and the raw figures\n")
 	plotRel := o.PlotDir
 	if o.Out != "" && o.PlotDir != "" {
@@ -150,8 +150,10 @@ func markdown(rep *Report, o Options) string {
 		p("are what the command below wrote:\n\n")
 	}
 	p("    %s\n\n", rep.Command)
-	p("(If `sudo` cannot find `go`: `go build -o /tmp/proxykit-bench ./internal/bench && sudo /tmp/proxykit-bench ...`.)\n")
-	p("`--smoke` runs 100 services only; the test `go test ./internal/bench` runs that as root.\n")
+	p("The tool is a Go module of its own, so that the SDK's go.mod does not require its\n")
+	p("plotting library; from the repository's root, `%s && %s [flags]`\n", buildCommand, runCommand)
+	p("runs it. `--smoke` runs 100 services only; its test (`go test ./...` in\n")
+	p("`cmd/proxykit-bench`, which `hack/test.sh` runs) does that as root.\n")
 	p("`--from results.json` writes this file and the plots again without measuring.\n\n")
 
 	p("## Machine\n\n")
@@ -252,7 +254,7 @@ func markdown(rep *Report, o Options) string {
 	p("  EndpointSlice to its handlers, then starts `Run` and times until `Flush` returns: the\n")
 	p("  first sync has programmed the kernel. For a kube-proxy reference, the run of `nft -f`\n")
 	p("  or `iptables-restore --noflush` on kube-proxy's rule set for the same services\n")
-	p("  ([`internal/bench/scale`](internal/bench/scale/kubeproxy.go)); generating the rule set,\n")
+	p("  ([`internal/scale`](internal/scale/kubeproxy.go)); generating the rule set,\n")
 	p("  and everything else kube-proxy would do, is not counted.\n")
 	p("- **peak RSS**: the proxier child's VmHWM after the endpoint changes: Go runtime, the\n")
 	p("  Services and EndpointSlices it was fed (kept, as an informer cache would), trackers and\n")

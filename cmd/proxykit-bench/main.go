@@ -11,6 +11,16 @@ import (
 	"time"
 )
 
+// The tool is a Go module of its own, so that the SDK's go.mod does not
+// require its plotting library; `go run` from the repository's root cannot
+// reach a nested module, so it is built first and then run from the root,
+// where its default outputs (BENCHMARKS.md, docs/bench) are. Building as
+// the user and running the binary with sudo also spares sudo a PATH with go.
+const (
+	buildCommand = "go build -C cmd/proxykit-bench -o /tmp/proxykit-bench ."
+	runCommand   = "sudo /tmp/proxykit-bench"
+)
+
 func main() {
 	if childMain() {
 		return
@@ -34,7 +44,7 @@ func main() {
 	flag.BoolVar(&o.Verbose, "v", false, "pass the children's logs through")
 	from := flag.String("from", "", "measure nothing: write the report and the plots again from this results.json")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: sudo go run ./internal/bench [flags]\n\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "usage, from the repository's root:\n\n\t%s && %s [flags]\n\n", buildCommand, runCommand)
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -73,7 +83,7 @@ func main() {
 		fatal(err)
 	}
 	o.Backends, o.References = splitList(backends), splitList(refs)
-	o.Command = "sudo go run ./internal/bench"
+	o.Command = buildCommand + " && " + runCommand
 	for _, a := range os.Args[1:] {
 		o.Command += " " + shellQuote(a)
 	}

@@ -24,8 +24,8 @@ import (
 	"github.com/proxykit/proxykit/backends/iptables"
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
-	"github.com/proxykit/proxykit/internal/bench/scale"
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )

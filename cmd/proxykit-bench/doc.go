@@ -1,0 +1,36 @@
+// Command proxykit-bench is proxykit's scale and comparison benchmark. In fresh
+// network namespaces on this machine it measures, for every dataplane
+// backend and for a series of service counts:
+//
+//   - the first full sync of a proxier process fed every Service and
+//     EndpointSlice, and that process's peak resident set;
+//   - the latency of one endpoint change, from the EndpointSlice event to
+//     the sync that programmed it (median and p99);
+//   - TCP connection setup through a cluster IP from a pod namespace to
+//     real servers in other pod namespaces (median and p99);
+//
+// and the same for kube-proxy's nftables and iptables layouts generated at
+// the same scale and loaded with `nft -f` and `iptables-restore`, as the
+// reference in the same run. It writes BENCHMARKS.md, SVG plots and the
+// raw results as JSON.
+//
+// It is a Go module of its own (github.com/proxykit/proxykit/cmd/proxykit-bench,
+// with the SDK replaced by ../..), so that the SDK's go.mod does not require
+// its plotting library (gonum.org/v1/plot); a nested module of the same
+// path prefix may still import the SDK's internal packages. `go run` from
+// the repository's root cannot reach a nested module, so build it first,
+// then run it from the root, where its default outputs are:
+//
+//	go build -C cmd/proxykit-bench -o /tmp/proxykit-bench .
+//	sudo /tmp/proxykit-bench                 # the default run (< 15 min on 2 cores)
+//	sudo /tmp/proxykit-bench --smoke         # 100 services, a few seconds
+//	sudo /tmp/proxykit-bench --sizes 1000x10 --backends nftables --references ''
+//	/tmp/proxykit-bench --from docs/bench/results.json  # report and plots again, no measuring
+//
+// Its test (`go test ./...` in this directory, as root; hack/test.sh runs
+// it) makes the smoke run.
+//
+// Every measurement runs in a child process (this binary re-executed) in
+// namespaces the parent built and tears down, also on Ctrl-C and on
+// failure; the host's own network namespace is never touched.
+package main
