@@ -285,6 +285,7 @@ func encodeExprs(fam byte, exprs []expr.Any) ([]byte, error) {
 // setSpec describes a named set or map.
 type setSpec struct {
 	name     string
+	id       uint32   // NFTA_SET_ID: unique within a transaction
 	keyType  uint32   // nft datatype magic (for nft list)
 	keyLen   uint32   // bytes
 	fields   []uint32 // field lengths of a concatenated interval key
@@ -298,7 +299,7 @@ type setSpec struct {
 	comment  string
 }
 
-func (b *batch) addSet(s *setSpec, id uint32) {
+func (b *batch) addSet(s *setSpec) {
 	b.msg(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, "add set "+s.name)
 	b.str(unix.NFTA_SET_TABLE, b.table)
 	b.str(unix.NFTA_SET_NAME, s.name)
@@ -321,7 +322,7 @@ func (b *batch) addSet(s *setSpec, id uint32) {
 	b.u32(unix.NFTA_SET_FLAGS, flags)
 	b.u32(unix.NFTA_SET_KEY_TYPE, s.keyType)
 	b.u32(unix.NFTA_SET_KEY_LEN, s.keyLen)
-	b.u32(unix.NFTA_SET_ID, id)
+	b.u32(unix.NFTA_SET_ID, s.id)
 	if s.isMap {
 		b.u32(unix.NFTA_SET_DATA_TYPE, s.dataType)
 		b.u32(unix.NFTA_SET_DATA_LEN, s.dataLen)
@@ -468,6 +469,14 @@ func (b *batch) elem(e *elem, keyOnly bool) {
 }
 
 // flushSet deletes every element of set.
+// delSet deletes a set no rule refers to.
+func (b *batch) delSet(set string) {
+	b.msg(unix.NFT_MSG_DELSET, 0, "delete set "+set)
+	b.str(unix.NFTA_SET_TABLE, b.table)
+	b.str(unix.NFTA_SET_NAME, set)
+	b.close()
+}
+
 func (b *batch) flushSet(set string) {
 	b.msg(unix.NFT_MSG_DELSETELEM, 0, "flush set "+set)
 	b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
@@ -704,11 +713,33 @@ func (c *conn) chains(fam byte, table string) (names []string, exists bool, err 
 	if exists, err = c.tableExists(fam, table); err != nil || !exists {
 		return nil, exists, err
 	}
+	names, err = c.list(unix.NFT_MSG_GETCHAIN, unix.NFT_MSG_NEWCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, fam, table)
+	if err != nil {
+		return nil, true, fmt.Errorf("list chains: %w", err)
+	}
+	return names, true, nil
+}
+
+// sets lists the names of the table's sets and maps.
+func (c *conn) sets(fam byte, table string) ([]string, error) {
+	names, err := c.list(unix.NFT_MSG_GETSET, unix.NFT_MSG_NEWSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, fam, table)
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	return names, nil
+}
+
+// list dumps the objects of one type (chains or sets) of a table and
+// returns their names: get is the dump request, reply the type of each
+// answer, tableAttr and nameAttr the attributes that carry the table's
+// and the object's names.
+func (c *conn) list(get, reply uint16, tableAttr, nameAttr uint16, fam byte, table string) ([]string, error) {
+	var names []string
 	var derr error
-	errno, err := c.query(unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, fam,
-		func(b *batch) { b.str(unix.NFTA_CHAIN_TABLE, table) },
+	errno, err := c.query(get, unix.NLM_F_DUMP, fam,
+		func(b *batch) { b.str(tableAttr, table) },
 		func(typ uint16, body []byte) {
-			if typ != nftSubsys|unix.NFT_MSG_NEWCHAIN || len(body) < 4 {
+			if typ != nftSubsys|reply || len(body) < 4 {
 				return
 			}
 			// Attributes follow the nfgenmsg header.
@@ -720,9 +751,9 @@ func (c *conn) chains(fam byte, table string) (names []string, exists bool, err 
 			var tbl, name string
 			for ad.Next() {
 				switch ad.Type() {
-				case unix.NFTA_CHAIN_TABLE:
+				case tableAttr:
 					tbl = ad.String()
-				case unix.NFTA_CHAIN_NAME:
+				case nameAttr:
 					name = ad.String()
 				}
 			}
@@ -732,13 +763,13 @@ func (c *conn) chains(fam byte, table string) (names []string, exists bool, err 
 		})
 	switch {
 	case err != nil:
-		return nil, true, err
+		return nil, err
 	case derr != nil:
-		return nil, true, fmt.Errorf("list chains: %w", derr)
+		return nil, derr
 	case errno != 0:
-		return nil, true, fmt.Errorf("list chains: %w", errno)
+		return nil, errno
 	}
-	return names, true, nil
+	return names, nil
 }
 
 // be32 encodes v big endian.

@@ -8,8 +8,12 @@
 //
 // # Layout
 //
-// The table holds a fixed number of sets and maps whatever the number of
-// services, and a fixed number of shared chains. Service addresses and
+// The table holds a bounded number of sets, maps and shared chains
+// whatever the number of services: eleven fixed sets, and per shard (at
+// most 256) an endpoint map, an affinity set and three shared chains,
+// created when a service port first uses them and deleted when the last
+// one stops, so that a node with a few services lists a few hundred lines.
+// A family without service ports or service ranges has no table. Service addresses and
 // node ports dispatch through verdict maps to the shared chain of their
 // shard, whose one rule draws a random position and looks up the packet's
 // own destination (daddr . proto . dport; hashed for IPv6) plus that

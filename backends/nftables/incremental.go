@@ -24,6 +24,7 @@ type delta struct {
 	services map[model.ServicePortName]*svcState // nil value: deleted
 	owners   map[string]map[string]*model.ServicePortName
 	refs     map[string]map[string]int
+	objects  objectCounts // differences to base.objects
 	nextID   uint32
 	nextAID  uint32
 	// freeUsed counts the ids taken from the head of base.free; freed
@@ -38,6 +39,7 @@ func newDelta(base *state) *delta {
 		services: map[model.ServicePortName]*svcState{},
 		owners:   map[string]map[string]*model.ServicePortName{},
 		refs:     map[string]map[string]int{},
+		objects:  objectCounts{},
 		nextID:   base.nextID,
 		nextAID:  base.nextAID,
 	}
@@ -154,6 +156,11 @@ func (d *delta) apply() {
 			}
 		}
 	}
+	for ref, n := range d.objects {
+		if st.objects[ref] += n; st.objects[ref] <= 0 {
+			delete(st.objects, ref)
+		}
+	}
 	st.nextID = d.nextID
 	st.nextAID = d.nextAID
 	st.free = append(st.free[d.freeUsed:len(st.free):len(st.free)], d.freed...)
@@ -166,7 +173,10 @@ type plan struct {
 	delChains     []string
 	delElems      []elemOp
 	addElems      []elemOp
-	owner         map[string]*model.ServicePortName // chain -> service, for errors
+	// newObjects and delObjects are the shard objects the change makes
+	// the first user of and leaves unused.
+	newObjects, delObjects []shardRef
+	owner                  map[string]*model.ServicePortName // chain -> service, for errors
 }
 
 // elemOp adds or deletes elements of one set for one service port (nil:
@@ -230,6 +240,7 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 		if old := st.services[n]; old != nil {
 			d.release(n, old.objs)
 			d.use(old.objs, -1)
+			d.objects.add(old.objs, -1)
 		}
 	}
 	for _, n := range names {
@@ -264,6 +275,7 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 			continue
 		}
 		d.use(objs, +1)
+		d.objects.add(objs, +1)
 		d.services[n] = &svcState{id: id, objs: objs}
 	}
 
@@ -283,7 +295,22 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 		}
 	}
 	b.diffShared(p, d)
-	return d, b.incrementalBatch(p), errs, nil
+	for ref, n := range d.objects {
+		before := st.objects[ref]
+		switch after := before + n; {
+		case before == 0 && after > 0:
+			p.newObjects = append(p.newObjects, ref)
+		case before > 0 && after <= 0:
+			p.delObjects = append(p.delObjects, ref)
+		}
+	}
+	slices.SortFunc(p.newObjects, compareRefs)
+	slices.SortFunc(p.delObjects, func(a, b shardRef) int { return compareRefs(b, a) })
+	tx, err := b.incrementalBatch(p)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return d, tx, errs, nil
 }
 
 // diffService adds the operations that turn old into new to p; either may
@@ -414,8 +441,28 @@ func (b *backend) diffShared(p *plan, d *delta) {
 // incrementalBatch orders p's operations so every reference is valid at
 // each step: chains exist before rules and elements point to them, and
 // elements and rules that point to a chain go before it.
-func (b *backend) incrementalBatch(p *plan) *batch {
+func (b *backend) incrementalBatch(p *plan) (*batch, error) {
 	tx := newBatch(b.fi.proto, b.cfg.TableName)
+	// Shard objects first used: sets, then the shared chains that read
+	// them.
+	var newShared []*chainObj
+	for _, ref := range p.newObjects {
+		o, err := b.r.object(ref)
+		if err != nil {
+			return nil, err
+		}
+		if o.set != nil {
+			tx.addSet(o.set)
+			continue
+		}
+		tx.addChain(o.chain.name, nil)
+		newShared = append(newShared, o.chain)
+	}
+	for _, c := range newShared {
+		for _, r := range c.enc {
+			tx.addRule(c.name, r)
+		}
+	}
 	for _, c := range p.newChains {
 		tx.forService(p.owner[c.name])
 		tx.addChain(c.name, nil)
@@ -432,6 +479,16 @@ func (b *backend) incrementalBatch(p *plan) *batch {
 	for _, c := range p.delChains {
 		tx.forService(p.owner[c])
 		tx.delChain(c)
+	}
+	// Shard objects left unused, once nothing refers to them: shared
+	// chains, then sets.
+	tx.forService(nil)
+	for _, ref := range p.delObjects {
+		if ref.isSet() {
+			tx.delSet(ref.name())
+		} else {
+			tx.delChain(ref.name())
+		}
 	}
 	for _, c := range slices.Concat(p.newChains, p.changedChains) {
 		if c.enc == nil {
@@ -452,7 +509,7 @@ func (b *backend) incrementalBatch(p *plan) *batch {
 		}
 		tx.addElems(op.set, op.elems)
 	}
-	return tx
+	return tx, nil
 }
 
 // deleteOrder sorts chains for deletion: external chains (which may jump

@@ -290,6 +290,118 @@ func TestKernel(t *testing.T) {
 		cleanupAndCheck(t, b, topo.node)
 	})
 
+	// The table holds the shard objects its service ports use and no
+	// others, and a family without service ports has no table.
+	t.Run("LayoutFollowsUse", func(t *testing.T) {
+		b4 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		b6 := newTestBackend(t, topo.node, model.IPv6, Config{})
+		objects := func() (chains, sets []string) {
+			t.Helper()
+			out, err := topo.node.nft("list", "table", "ip", "proxykit")
+			if err != nil {
+				t.Fatal(out, err)
+			}
+			for _, l := range strings.Split(out, "\n") {
+				f := strings.Fields(l)
+				if len(f) == 3 && f[2] == "{" {
+					switch f[0] {
+					case "chain":
+						chains = append(chains, f[1])
+					case "set", "map":
+						sets = append(sets, f[1])
+					}
+				}
+			}
+			return chains, sets
+		}
+		shardObjs := func() []string {
+			chains, sets := objects()
+			var out []string
+			for _, n := range slices.Concat(chains, sets) {
+				for _, p := range []string{chainClusterPrefix, chainExternalPrefix, chainNodePortPrefix, setEndpointsPrefix, setAffinityPrefix} {
+					if d, ok := strings.CutPrefix(n, p); ok && len(d) == 3 && strings.Trim(d, "0123456789") == "" {
+						out = append(out, n)
+					}
+				}
+			}
+			slices.Sort(out)
+			return out
+		}
+		a := clusterSvc("a", model.TCP, "10.96.8.1", 80, pod1v4)
+		sticky := clusterSvc("sticky", model.TCP, "10.96.8.2", 80, pod1v4, pod2v4)
+		sticky.Port.SessionAffinity = true
+		np := clusterSvc("np", model.TCP, "10.96.8.3", 80, pod2v4)
+		np.Port.NodePort = 30083
+		mustSync(t, b4, request(model.IPv4, []testSvc{a}, nil))
+		mustSync(t, b6, request(model.IPv6, nil, nil))
+		id := func(s testSvc) uint32 { return b4.st.services[s.Port.Name].id }
+		shard := func(s testSvc) uint32 { sh, _ := groupOf(id(s), 0); return sh }
+		want := []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a))}
+		slices.Sort(want)
+		if got := shardObjs(); !slices.Equal(got, want) {
+			t.Fatalf("one cluster IP service: shard objects %v, want %v", got, want)
+		}
+		if out, _ := topo.node.nft("list", "tables"); strings.Contains(out, "table ip6 proxykit") {
+			t.Fatalf("an ip6 table without IPv6 service ports:\n%s", out)
+		}
+		// Incremental syncs add what new service ports use, and traffic
+		// flows through it.
+		mustSync(t, b4, request(model.IPv4, []testSvc{a, sticky, np}, backendtest.Names(sticky, np)))
+		want = append(want, affinitySet(shard(sticky)), sharedChain(chainClusterPrefix, shard(np)),
+			endpointsMap(shard(np)), sharedChain(chainNodePortPrefix, shard(np)))
+		slices.Sort(want)
+		if got := shardObjs(); !slices.Equal(got, want) {
+			t.Fatalf("after adding affinity and node port services: shard objects %v, want %v", got, want)
+		}
+		if n := countPods(t, topo.pod1, ap("10.96.8.2:80"), 3); len(n) != 1 {
+			t.Fatalf("affinity: %v", n)
+		}
+		if a, err := askTCP(topo.client, ap("192.0.2.1:30083"), longWait); err != nil || a.pod != "pod2" {
+			t.Fatalf("node port: %v %v", a, err)
+		}
+		// Removing them removes what nothing else uses.
+		mustSync(t, b4, request(model.IPv4, []testSvc{a}, backendtest.Names(sticky, np)))
+		want = []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a))}
+		slices.Sort(want)
+		if got := shardObjs(); !slices.Equal(got, want) {
+			t.Fatalf("after removing them: shard objects %v, want %v", got, want)
+		}
+		if n := countPods(t, topo.node, ap("10.96.8.1:80"), 3); n["pod1"] != 3 {
+			t.Fatalf("the remaining service: %v", n)
+		}
+		// A takeover by a new process deletes what the new state does
+		// not use.
+		mustSync(t, b4, request(model.IPv4, []testSvc{a, sticky, np}, backendtest.Names(sticky, np)))
+		b4.Close()
+		b4 = newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b4, request(model.IPv4, []testSvc{a}, nil))
+		want = []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a))}
+		slices.Sort(want)
+		if got := shardObjs(); !slices.Equal(got, want) {
+			t.Fatalf("after a takeover: shard objects %v, want %v", got, want)
+		}
+		// Without service ports the table goes; the next one brings it
+		// back.
+		mustSync(t, b4, request(model.IPv4, nil, backendtest.Names(a)))
+		if out, _ := topo.node.nft("list", "tables"); strings.Contains(out, "table ip proxykit") {
+			t.Fatalf("a table without service ports:\n%s", out)
+		}
+		mustSync(t, b4, request(model.IPv4, []testSvc{a}, backendtest.Names(a)))
+		if n := countPods(t, topo.node, ap("10.96.8.1:80"), 3); n["pod1"] != 3 {
+			t.Fatalf("after the table came back: %v", n)
+		}
+		// A service range of the family is enough for a table: its
+		// unallocated addresses are dropped.
+		req6 := request(model.IPv6, nil, nil)
+		req6.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:96::/112")}
+		mustSync(t, b6, req6)
+		if out, _ := topo.node.nft("list", "tables"); !strings.Contains(out, "table ip6 proxykit") {
+			t.Fatalf("no ip6 table for an IPv6 service range:\n%s", out)
+		}
+		cleanupAndCheck(t, b4, topo.node)
+		cleanupAndCheck(t, b6, topo.node)
+	})
+
 	t.Run("CoexistenceAndCleanup", func(t *testing.T) {
 		if out, err := topo.node.nft("add table inet other; add chain inet other c { type filter hook input priority 0; }; add rule inet other c counter"); err != nil {
 			t.Fatal(out, err)

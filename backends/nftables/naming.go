@@ -334,13 +334,12 @@ func addrBytes(a netip.Addr) []byte {
 // endpointBytes is an endpoint as map data: addr . port.
 func endpointBytes(ap netip.AddrPort) []byte { return append(addrBytes(ap.Addr()), port(ap.Port())...) }
 
-// setSpecs returns the table's sets and maps.
-func (fi *familyInfo) setSpecs(affinitySize uint32) []*setSpec {
+// fixedSetSpecs returns the sets and maps the fixed chains use: every
+// table has them.
+func (fi *familyInfo) fixedSetSpecs() []*setSpec {
 	addr := fi.addrType
 	ipKey := nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
 	portKeyT := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	ep := nftables.MustConcatSetType(addr, nftables.TypeInetService)
-	idAddr := nftables.MustConcatSetType(nftables.TypeMark, addr)
 	fwAllow := nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, addr)
 	pair := nftables.MustConcatSetType(addr, addr)
 	verdictMap := func(name string, key nftables.SetDatatype, comment string) *setSpec {
@@ -367,14 +366,31 @@ func (fi *familyInfo) setSpecs(affinitySize uint32) []*setSpec {
 		{name: setServiceCIDRs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes, interval: true,
 			comment: "service CIDRs; unallocated addresses in them are dropped"},
 	}
-	for s := range uint32(numShards) {
-		specs = append(specs,
-			&setSpec{name: endpointsMap(s), keyType: nftables.TypeIP6Addr.GetNFTMagic(), keyLen: 16, isMap: true,
-				interval: true, dataType: ep.GetNFTMagic(), dataLen: ep.Bytes,
-				comment: "range set prefix . random position -> endpoint"},
-			&setSpec{name: affinitySet(s), keyType: idAddr.GetNFTMagic(), keyLen: idAddr.Bytes,
-				timeout: true, dynamic: true, size: affinitySize,
-				comment: "session affinity: endpoint id . client"})
+	for i, s := range specs {
+		s.id = uint32(i + 1)
 	}
 	return specs
 }
+
+// endpointsMapSpec returns the endpoint map of a shard.
+func (fi *familyInfo) endpointsMapSpec(shard uint32) *setSpec {
+	ep := nftables.MustConcatSetType(fi.addrType, nftables.TypeInetService)
+	return &setSpec{name: endpointsMap(shard), id: firstShardSetID + 2*shard,
+		keyType: nftables.TypeIP6Addr.GetNFTMagic(), keyLen: 16, isMap: true,
+		interval: true, dataType: ep.GetNFTMagic(), dataLen: ep.Bytes,
+		comment: "range set prefix . random position -> endpoint"}
+}
+
+// affinitySetSpec returns the affinity set of a shard, which holds at
+// most size clients.
+func (fi *familyInfo) affinitySetSpec(shard, size uint32) *setSpec {
+	idAddr := nftables.MustConcatSetType(nftables.TypeMark, fi.addrType)
+	return &setSpec{name: affinitySet(shard), id: firstShardSetID + 2*shard + 1,
+		keyType: idAddr.GetNFTMagic(), keyLen: idAddr.Bytes,
+		timeout: true, dynamic: true, size: size,
+		comment: "session affinity: endpoint id . client"}
+}
+
+// firstShardSetID is the transaction-local id of the first shard set;
+// the fixed sets have the ids below it.
+const firstShardSetID = 64

@@ -77,6 +77,9 @@ type svcObjs struct {
 	// order; aids their affinity ids (with session affinity only).
 	slots [numGroups][]netip.AddrPort
 	aids  [numGroups][]uint32
+	// refs are the shard objects (endpoint map, affinity set, shared
+	// chains) the elements and chains refer to.
+	refs []shardRef
 }
 
 // rangeSpec is the range set of an endpoint group: the endpoints of
@@ -143,12 +146,18 @@ type renderer struct {
 	// nodeIP is the node's primary address of the family, if known.
 	nodeIP netip.Addr
 
+	// affinitySize is the size of the affinity sets.
+	affinitySize uint32
+
 	// Encoded constant rules.
 	jumpMasq, mark []byte
+	// objects caches the shard objects built so far.
+	objects map[shardRef]*shardObject
 }
 
-func newRenderer(fi familyInfo, bit uint32, masqAll, clusterCIDRs bool, nodeIP netip.Addr) (*renderer, error) {
-	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll, nodeIP: nodeIP}
+func newRenderer(fi familyInfo, bit, affinitySize uint32, masqAll, clusterCIDRs bool, nodeIP netip.Addr) (*renderer, error) {
+	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll,
+		nodeIP: nodeIP, affinitySize: affinitySize}
 	var err error
 	if r.jumpMasq, err = encodeExprs(fi.proto, rule{jump(chainMasqCluster)}); err != nil {
 		return nil, err
@@ -308,6 +317,13 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	ranges := func(prefix []byte, which uint32) {
 		used[string(prefix)] = true
 		o.ranges = append(o.ranges, rangeSpec{set: epMap, prefix: prefix, group: uint8(which)})
+		o.uses(shardRef{objEndpoints, shard})
+	}
+	// toShared is a verdict to the shard's shared chain of a kind.
+	toShared := func(kind shardObjKind) *verdict {
+		ref := shardRef{kind, shard}
+		o.uses(ref)
+		return goToV(ref.name())
 	}
 	slotsOf := func(which uint32, eps []netip.AddrPort) []netip.AddrPort {
 		slots := stableSlots(prevSlots[which], eps)
@@ -335,6 +351,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			}
 		}
 		o.aids[which] = aids
+		o.uses(shardRef{objAffinity, shard})
 		var out [][]byte
 		for _, ru := range fi.affinityRules(shard, aids, slots, affinity) {
 			out = append(out, enc(ru))
@@ -355,7 +372,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if p != nil {
 			clusterPrefix = p
 			ranges(p, 0)
-			add(setServiceIPs, elem{key: clusterKey, verdict: goToV(sharedChain(chainClusterPrefix, shard))})
+			add(setServiceIPs, elem{key: clusterKey, verdict: toShared(objCluster)})
 		} else {
 			c := chainObj{name: svc}
 			if r.masqCluster {
@@ -412,11 +429,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if ok && free(prefixes...) {
 			for i, k := range extKeys {
 				ranges(prefixes[i], 1)
-				add(setServiceIPs, elem{key: k, verdict: goToV(sharedChain(chainExternalPrefix, shard))})
+				add(setServiceIPs, elem{key: k, verdict: toShared(objExternal)})
 			}
 			if npKey != nil {
 				ranges(npPrefix, 1)
-				add(setServiceNodePorts, elem{key: npKey, verdict: goToV(sharedChain(chainNodePortPrefix, shard))})
+				add(setServiceNodePorts, elem{key: npKey, verdict: toShared(objNodePort)})
 			}
 			return o, encErr
 		}

@@ -20,7 +20,7 @@ import (
 
 func testRenderer(t *testing.T, f model.IPFamily, clusterCIDRs bool) *renderer {
 	t.Helper()
-	r, err := newRenderer(familyInfoOf(f), proxier.DefaultMasqueradeBit, false, clusterCIDRs, netip.Addr{})
+	r, err := newRenderer(familyInfoOf(f), proxier.DefaultMasqueradeBit, 16, false, clusterCIDRs, netip.Addr{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,13 +243,11 @@ func TestRenderPolicies(t *testing.T) {
 
 	// The shared cluster chains masquerade traffic from outside the
 	// cluster.
-	for _, c := range r.fi.skeleton(proxier.DefaultMasqueradeBit, false, false, true) {
-		if c.name == sharedChain(chainClusterPrefix, 0) {
-			enc, err := encodeExprs(r.fi.proto, c.rules[0])
-			if err != nil || !slices.Equal(enc, r.jumpMasq) {
-				t.Errorf("cluster chain does not jump to %s", chainMasqCluster)
-			}
-		}
+	masq := testRenderer(t, model.IPv4, true)
+	cl, err := masq.object(shardRef{objCluster, 0})
+	if err != nil || cl.chain == nil || cl.chain.name != sharedChain(chainClusterPrefix, 0) ||
+		len(cl.chain.enc) == 0 || !slices.Equal(cl.chain.enc[0], masq.jumpMasq) {
+		t.Errorf("cluster chain does not jump to %s: %v", chainMasqCluster, err)
 	}
 }
 
@@ -468,7 +466,7 @@ func TestRenderSourceRangesNodeIP(t *testing.T) {
 		if tc.node != "" {
 			node = netip.MustParseAddr(tc.node)
 		}
-		r, err := newRenderer(familyInfoOf(model.IPv4), proxier.DefaultMasqueradeBit, false, false, node)
+		r, err := newRenderer(familyInfoOf(model.IPv4), proxier.DefaultMasqueradeBit, 16, false, false, node)
 		if err != nil {
 			t.Fatal(err)
 		}

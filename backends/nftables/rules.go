@@ -238,6 +238,23 @@ func (fi *familyInfo) firewallRule() rule {
 	return r
 }
 
+// sharedChainRules returns the rules of a shared chain (see shardRef):
+// the cluster chains masquerade as the table is configured to (masqCluster:
+// the chain mark-cluster-masquerade exists), the external and node port
+// ones mark for masquerading; all balance by the packet's destination.
+func (fi *familyInfo) sharedChainRules(ref shardRef, bit uint32, masqCluster bool) []rule {
+	switch ref.kind {
+	case objCluster:
+		if masqCluster {
+			return []rule{{jump(chainMasqCluster)}, fi.tupleRule(ref.shard)}
+		}
+		return []rule{fi.tupleRule(ref.shard)}
+	case objExternal:
+		return []rule{setMark(bit), fi.tupleRule(ref.shard)}
+	}
+	return []rule{setMark(bit), fi.nodePortRule(ref.shard)}
+}
+
 // skeleton returns the fixed chains and their rules, in creation order.
 // Regular chains come first so base chains can jump to them.
 func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clusterCIDRs bool) []chainObj {
@@ -266,16 +283,6 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 	case clusterCIDRs:
 		add(chainMasqCluster, nil,
 			slices.Concat(toClusterIP, rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), true)}, setMark(bit)))
-	}
-
-	for sh := range uint32(numShards) {
-		var cluster []rule
-		if masqAll || clusterCIDRs {
-			cluster = append(cluster, rule{jump(chainMasqCluster)})
-		}
-		add(sharedChain(chainClusterPrefix, sh), nil, append(cluster, fi.tupleRule(sh))...)
-		add(sharedChain(chainExternalPrefix, sh), nil, setMark(bit), fi.tupleRule(sh))
-		add(sharedChain(chainNodePortPrefix, sh), nil, setMark(bit), fi.nodePortRule(sh))
 	}
 
 	newCheck := append(ctStateNew(), jump(chainEndpointsCheck))

@@ -109,7 +109,7 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 		conn: c,
 		log:  cfg.Logger.With("backend", "nftables", "family", family.String(), "table", cfg.TableName),
 	}
-	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0, cfg.NodeIP(b.fi.fam)); err != nil {
+	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.AffinityMapSize, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0, cfg.NodeIP(b.fi.fam)); err != nil {
 		b.Close()
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
@@ -183,11 +183,11 @@ func (b *backend) features() []feature {
 	}
 	natHook := &hook{unix.NF_INET_PRE_ROUTING, prioDNAT, "nat"}
 	filterHook := &hook{unix.NF_INET_LOCAL_IN, prioFilterPreDNAT, "filter"}
-	specs := fi.setSpecs(16)
+	specs := fi.fixedSetSpecs()
 	set := func(tx *batch, name string) {
-		for i, s := range specs {
+		for _, s := range specs {
 			if s.name == name {
-				tx.addSet(s, uint32(i+1))
+				tx.addSet(s)
 			}
 		}
 	}
@@ -205,11 +205,11 @@ func (b *backend) features() []feature {
 		{"concatenated interval sets (nft_set_pipapo)", func(tx *batch) { set(tx, setFirewallAllow) }},
 		{"interval sets (nft_set_rbtree)", func(tx *batch) { set(tx, setClusterCIDRs) }},
 		{"interval maps with data registers and DNAT from registers (nft_nat)", func(tx *batch) {
-			set(tx, endpointsMap(0))
+			tx.addSet(fi.endpointsMapSpec(0))
 			rl(tx, "c", natHook, fi.tupleRule(0))
 		}},
 		{"dynamic sets with timeouts (nft_dynset)", func(tx *batch) {
-			set(tx, affinitySet(0))
+			tx.addSet(fi.affinitySetSpec(0, 16))
 			tx.addChain("c", natHook)
 			for _, r := range fi.sampleServiceRules()[3:] {
 				enc, err := encodeExprs(fi.proto, r)
@@ -223,12 +223,24 @@ func (b *backend) features() []feature {
 	}
 }
 
-// addSkeleton adds the sets and the fixed chains and their rules to tx.
+// addSkeleton adds the fixed sets, chains and rules, and the objects of
+// shard 0, to tx.
 func (b *backend) addSkeleton(tx *batch) error {
-	for i, s := range b.fi.setSpecs(b.cfg.AffinityMapSize) {
-		tx.addSet(s, uint32(i+1))
+	for _, s := range b.fi.fixedSetSpecs() {
+		tx.addSet(s)
 	}
 	chains := b.skeletonChains()
+	for kind := objEndpoints; kind <= objNodePort; kind++ {
+		o, err := b.r.object(shardRef{kind, 0})
+		if err != nil {
+			return err
+		}
+		if o.set != nil {
+			tx.addSet(o.set)
+		} else {
+			chains = append(chains, *o.chain)
+		}
+	}
 	for i := range chains {
 		if err := b.r.encode(&chains[i]); err != nil {
 			return err

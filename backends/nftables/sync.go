@@ -73,6 +73,11 @@ type state struct {
 	// serviceCIDRs are the service ranges the table holds (a change
 	// makes the next sync a full one).
 	serviceCIDRs []netip.Prefix
+	// objects counts the users of the shard objects the table holds.
+	objects objectCounts
+	// noTable is set when the table does not exist because nothing
+	// needs it (see wantTable).
+	noTable bool
 }
 
 type svcState struct {
@@ -87,6 +92,7 @@ func newState() *state {
 		nextAID:  1,
 		refs:     map[string]map[string]int{},
 		owners:   map[string]map[string]model.ServicePortName{},
+		objects:  objectCounts{},
 	}
 }
 
@@ -166,10 +172,44 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 		b.r.nodeIP = nodeIP
 		return b.syncFull(req)
 	}
-	if req.Full || b.st == nil || !slices.Equal(req.ServiceCIDRs, b.st.serviceCIDRs) {
+	want := b.wantTable(req)
+	if !want && !req.Full && b.st != nil && b.st.noTable {
+		return nil // still nothing to program
+	}
+	if req.Full || b.st == nil || b.st.noTable == want || !slices.Equal(req.ServiceCIDRs, b.st.serviceCIDRs) {
 		return b.syncFull(req)
 	}
 	return b.syncIncremental(req)
+}
+
+// wantTable reports whether the family needs a table: for a service
+// port, or to drop traffic to the unallocated addresses of a service
+// range. A node without IPv6 services has no ip6 table to read.
+func (b *backend) wantTable(req *proxier.SyncRequest) bool {
+	return len(req.State.Services) > 0 || len(normalizeRanges(b.fi.fam, req.ServiceCIDRs)) > 0
+}
+
+// syncNoTable makes sure the table does not exist, when nothing needs it.
+// Deleting it loses nothing: it served no service port.
+func (b *backend) syncNoTable(req *proxier.SyncRequest) error {
+	exists, err := b.conn.tableExists(b.fi.proto, b.cfg.TableName)
+	if err != nil {
+		return fmt.Errorf("nftables: check table: %w", err)
+	}
+	if exists {
+		tx := newBatch(b.fi.proto, b.cfg.TableName)
+		tx.delTable()
+		if err := b.conn.commit(tx); err != nil {
+			return fmt.Errorf("nftables: delete the unused table: %w", notApplied(err))
+		}
+		b.log.Info("deleted the table: no service port or service range of the family")
+	}
+	st := newState()
+	st.serviceCIDRs = slices.Clone(req.ServiceCIDRs)
+	st.noTable = true
+	b.st = st
+	b.last = syncStats{full: true}
+	return nil
 }
 
 // maxRetries bounds how often a sync drops service ports the kernel
@@ -186,10 +226,13 @@ const maxRetries = 3
 // (an earlier version's table that differs in its definitions) is the
 // table deleted and created again in the same transaction.
 func (b *backend) syncFull(req *proxier.SyncRequest) error {
+	if !b.wantTable(req) {
+		return b.syncNoTable(req)
+	}
 	start := time.Now()
 	mode := fullInPlace
-	var stale []string
-	if b.st == nil {
+	var stale, staleSets []string
+	if b.st == nil || b.st.noTable {
 		chains, exists, err := b.conn.chains(b.fi.proto, b.cfg.TableName)
 		if err != nil {
 			return fmt.Errorf("nftables: list chains of table %s: %w", b.cfg.TableName, err)
@@ -197,6 +240,9 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 		mode, stale = fullCreate, nil
 		if exists {
 			mode, stale = fullTakeOver, staleOrder(chains)
+			if staleSets, err = b.conn.sets(b.fi.proto, b.cfg.TableName); err != nil {
+				return fmt.Errorf("nftables: list sets of table %s: %w", b.cfg.TableName, err)
+			}
 		}
 	} else {
 		exists, err := b.conn.tableExists(b.fi.proto, b.cfg.TableName)
@@ -207,7 +253,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 			b.log.Warn("table was deleted behind our back; recreating it")
 			mode = fullCreate
 		} else {
-			stale = b.st.chainNames()
+			stale, staleSets = b.st.chainNames(), b.st.setNames()
 		}
 	}
 	skip := map[model.ServicePortName]error{}
@@ -216,7 +262,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 		// After a failure nobody claimed, send each service port's
 		// elements in messages of their own, so the next failure names
 		// the service port.
-		tx, err := b.fullBatch(st, mode, stale, attempt > 0)
+		tx, err := b.fullBatch(st, mode, stale, staleSets, attempt > 0)
 		if err != nil {
 			return err
 		}
@@ -232,7 +278,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 		}
 		if mode == fullTakeOver && !b.dropRejected(err, skip) {
 			b.log.Warn("kernel refused to take the table over in place; replacing it", "err", err)
-			mode, stale = fullReplace, nil
+			mode, stale, staleSets = fullReplace, nil, nil
 			continue
 		}
 		if !b.dropRejected(err, skip) || attempt >= maxRetries {
@@ -286,7 +332,7 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 	st := newState()
 	st.serviceCIDRs = slices.Clone(req.ServiceCIDRs)
 	old := b.st
-	if recreate || old == nil {
+	if recreate || old == nil || old.noTable {
 		old = newState()
 	} else {
 		st.nextID = old.nextID
@@ -342,6 +388,7 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		}
 		st.services[name] = &svcState{id: id, objs: objs}
 		st.use(objs, +1)
+		st.objects.add(objs, +1)
 	}
 	return st, errs
 }
@@ -361,7 +408,7 @@ func (st *state) allocID() uint32 {
 // fullBatch builds the transaction that makes the kernel hold st, given
 // how the table is to be treated and, unless it is created, the chains
 // it holds (in deletion order).
-func (b *backend) fullBatch(st *state, mode fullMode, stale []string, perService bool) (*batch, error) {
+func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string, perService bool) (*batch, error) {
 	tx := newBatchSize(b.fi.proto, b.cfg.TableName, estimateBatch(st))
 	tx.addTable()
 	if mode == fullReplace {
@@ -369,17 +416,31 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale []string, perService
 		tx.addTable()
 	}
 	fresh := mode == fullCreate || mode == fullReplace
-	specs := b.fi.setSpecs(b.cfg.AffinityMapSize)
-	for i, s := range specs {
-		tx.addSet(s, uint32(i+1))
-		if !fresh && (mode == fullTakeOver || !strings.HasPrefix(s.name, setAffinityPrefix)) {
-			tx.flushSet(s.name)
-		}
-	}
+	specs := b.fi.fixedSetSpecs()
 	chains := b.skeletonChains()
 	for i := range chains {
 		if err := b.r.encode(&chains[i]); err != nil {
 			return nil, err
+		}
+	}
+	// The shard objects the service ports use.
+	for _, ref := range st.objects.sorted() {
+		o, err := b.r.object(ref)
+		if err != nil {
+			return nil, err
+		}
+		if o.set != nil {
+			specs = append(specs, o.set)
+		} else {
+			chains = append(chains, *o.chain)
+		}
+	}
+	wantSet := map[string]bool{}
+	for _, s := range specs {
+		tx.addSet(s)
+		wantSet[s.name] = true
+		if !fresh && (mode == fullTakeOver || !strings.HasPrefix(s.name, setAffinityPrefix)) {
+			tx.flushSet(s.name)
 		}
 	}
 	names := slices.SortedFunc(maps.Keys(st.services), model.ServicePortName.Compare)
@@ -414,6 +475,13 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale []string, perService
 		for _, c := range stale {
 			if !want[c] {
 				tx.delChain(c)
+			}
+		}
+		// Sets no rule reads any more (their rules are flushed or
+		// deleted above).
+		for _, s := range staleSets {
+			if !wantSet[s] {
+				tx.delSet(s)
 			}
 		}
 	}
@@ -550,8 +618,8 @@ func (b *backend) ensureEncoded(c *chainObj) error {
 	return b.r.encode(c)
 }
 
-// chainNames returns the service chains of st, external chains first:
-// the order in which they can be deleted.
+// chainNames returns the service chains of st, external chains first,
+// then the shared chains: the order in which they can be deleted.
 func (st *state) chainNames() []string {
 	var ext, svc []string
 	for _, s := range st.services {
@@ -565,7 +633,24 @@ func (st *state) chainNames() []string {
 	}
 	slices.Sort(ext)
 	slices.Sort(svc)
-	return slices.Concat(ext, svc)
+	var shared []string
+	for _, ref := range st.objects.sorted() {
+		if !ref.isSet() {
+			shared = append(shared, ref.name())
+		}
+	}
+	return slices.Concat(ext, svc, shared)
+}
+
+// setNames returns the shard sets of st.
+func (st *state) setNames() []string {
+	var out []string
+	for _, ref := range st.objects.sorted() {
+		if ref.isSet() {
+			out = append(out, ref.name())
+		}
+	}
+	return out
 }
 
 // claim records name as the owner of the dispatch keys and range set
