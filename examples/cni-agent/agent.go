@@ -17,9 +17,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/proxykit/proxykit/backends/nftables"
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // The agent's services.
@@ -36,13 +36,13 @@ const (
 // run is the agent: it builds the sandbox, proxies for one pod with its
 // own events and its own table, and checks every step with traffic.
 func run(ctx context.Context, out io.Writer) (err error) {
-	topo, err := testnet.Build(testnet.Options{Node1Pods: 2, Node2Pods: 1})
+	sb, err := sandbox.New(ctx, sandbox.Options{Node1Pods: 2, Node2Pods: 1})
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, topo.Close()) }()
-	pod, peer, remote := topo.Node1.Pods[0], topo.Node1.Pods[1], topo.Node2.Pods[0]
-	fmt.Fprintf(out, "sandbox pk-%s; the agent proxies for pod %s (%s) inside its network namespace\n", topo.ID, pod.Name, pod.IPv4)
+	defer func() { err = errors.Join(err, sb.Close()) }()
+	pod, peer, remote := sb.Node1.Pods[0], sb.Node1.Pods[1], sb.Node2.Pods[0]
+	fmt.Fprintf(out, "sandbox pk-%s; the agent proxies for pod %s (%s) inside its network namespace\n", sb.ID, pod.Name, pod.IPv4)
 
 	// 1. The agent's own rules, before and independent of the proxier.
 	if err := addPolicy(pod, remote.IPv4, 8082); err != nil {
@@ -52,8 +52,8 @@ func run(ctx context.Context, out io.Writer) (err error) {
 
 	// 2. The proxier, in the pod's namespace, fed by the agent.
 	cfg := nftables.Config{Config: proxier.Config{
-		NetNS:           pod.Path(),
-		NodeName:        topo.Node1.Name,
+		NetNS:           pod.NetNSPath(),
+		NodeName:        sb.Node1.Name,
 		Families:        []model.IPFamily{model.IPv4},
 		MinSyncInterval: 50 * time.Millisecond,
 	}}
@@ -200,7 +200,7 @@ func service(name string, ip netip.Addr, target int32) *v1.Service {
 	}
 }
 
-func slice(svc string, port int32, pods ...*testnet.Pod) *discoveryv1.EndpointSlice {
+func slice(svc string, port int32, pods ...*sandbox.Pod) *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "agent", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -215,11 +215,11 @@ func slice(svc string, port int32, pods ...*testnet.Pod) *discoveryv1.EndpointSl
 
 // answers sends requests from pod to dst and checks that exactly the
 // pods want answer: every answer from one of them, each of them seen.
-func answers(pod *testnet.Pod, dst netip.AddrPort, want ...string) error {
+func answers(pod *sandbox.Pod, dst netip.AddrPort, want ...string) error {
 	got := map[string]bool{}
 	for i := range 32 {
 		r := pod.TCP(dst, probeTimeout)
-		if r.Outcome != testnet.Answered {
+		if r.Outcome != sandbox.Answered {
 			return fmt.Errorf("%s: %v", dst, r)
 		}
 		if !slices.Contains(want, r.Server) {
@@ -234,7 +234,7 @@ func answers(pod *testnet.Pod, dst netip.AddrPort, want ...string) error {
 }
 
 // refused checks that a connection from pod to dst is refused.
-func refused(pod *testnet.Pod, dst netip.AddrPort) error {
+func refused(pod *sandbox.Pod, dst netip.AddrPort) error {
 	if r := pod.TCP(dst, probeTimeout); !r.Outcome.Rejected() {
 		return fmt.Errorf("%s: %v, want refused", dst, r)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // TestAgent runs the agent. It checks every claim it prints with real
@@ -16,7 +16,7 @@ import (
 // keeps working beside proxykit's through a restart and a Cleanup) and
 // fails if one does not hold.
 func TestAgent(t *testing.T) {
-	testnet.RequireRoot(t)
+	sandbox.RequirePrivilege(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out bytes.Buffer

@@ -7,7 +7,7 @@
 //
 //	sudo go run ./examples/cni-agent
 //
-// It builds a sandbox of network namespaces (internal/testnet stands in
+// It builds a sandbox of network namespaces (package sandbox stands in
 // for the pod networks a CNI plugin creates), prints each step and checks
 // it with real traffic; it exits non-zero if a check fails. See README.md.
 package main

@@ -11,7 +11,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // agentTable is the agent's own table, "inet cni-agent". proxykit owns
@@ -20,8 +20,8 @@ const agentTable = "cni-agent"
 
 // conn returns a google/nftables connection to the pod's namespace and a
 // function that releases it.
-func conn(pod *testnet.Pod) (*nftables.Conn, func(), error) {
-	f, err := os.Open(pod.Path())
+func conn(pod *sandbox.Pod) (*nftables.Conn, func(), error) {
+	f, err := os.Open(pod.NetNSPath())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -42,7 +42,7 @@ func conn(pod *testnet.Pod) (*nftables.Conn, func(), error) {
 //			meta nfproto ipv4 ip daddr DST tcp dport PORT counter reject with tcp reset
 //		}
 //	}
-func addPolicy(pod *testnet.Pod, dst netip.Addr, port uint16) error {
+func addPolicy(pod *sandbox.Pod, dst netip.Addr, port uint16) error {
 	c, done, err := conn(pod)
 	if err != nil {
 		return err
@@ -70,7 +70,7 @@ func addPolicy(pod *testnet.Pod, dst netip.Addr, port uint16) error {
 }
 
 // listTables returns "family name" of every table in the pod's namespace.
-func listTables(pod *testnet.Pod) ([]string, error) {
+func listTables(pod *sandbox.Pod) ([]string, error) {
 	c, done, err := conn(pod)
 	if err != nil {
 		return nil, err
@@ -90,7 +90,7 @@ func listTables(pod *testnet.Pod) ([]string, error) {
 }
 
 // policyHits returns the packets the agent's rule rejected.
-func policyHits(pod *testnet.Pod) (uint64, error) {
+func policyHits(pod *sandbox.Pod) (uint64, error) {
 	c, done, err := conn(pod)
 	if err != nil {
 		return 0, err
