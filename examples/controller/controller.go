@@ -17,10 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/proxykit/proxykit/backends/nftables"
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/proxier/static"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // defaultSelector selects the Services the controller proxies.
@@ -36,7 +36,7 @@ type options struct {
 }
 
 // Timeouts. A Service that is not proxied has no rule, so requests to it
-// are routed to the sandbox's uplink and dropped: they time out.
+// follow node1's default route, where nothing answers: they time out.
 const (
 	flushTimeout = 15 * time.Second
 	probeTimeout = 500 * time.Millisecond
@@ -71,14 +71,14 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 		return err
 	}
 
-	topo, err := testnet.Build(testnet.Options{Node1Pods: 2, Node2Pods: 1})
+	sb, err := sandbox.New(ctx, sandbox.Options{Node1Pods: 2, Node2Pods: 1})
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, topo.Close()) }()
+	defer func() { err = errors.Join(err, sb.Close()) }()
 	p, err := nftables.New(nftables.Config{Config: proxier.Config{
-		NetNS:           topo.Node1.Path(),
-		NodeName:        topo.Node1.Name,
+		NetNS:           sb.Node1.NetNSPath(),
+		NodeName:        sb.Node1.Name,
 		Families:        []model.IPFamily{model.IPv4, model.IPv6},
 		MinSyncInterval: 50 * time.Millisecond,
 	}})
@@ -110,9 +110,9 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 		return err
 	}
 
-	fmt.Fprintf(out, "controller: proxying Services matching %q into its namespace %s\n", sel.String(), topo.Node1.NS.Name())
+	fmt.Fprintf(out, "controller: proxying Services matching %q into its namespace %s\n", sel.String(), sb.Node1.NetNSName())
 	podOf := map[netip.Addr]string{}
-	for _, pod := range topo.Pods {
+	for _, pod := range sb.Pods {
 		podOf[pod.IPv4], podOf[pod.IPv6] = pod.Name, pod.Name
 	}
 	var failed []string
@@ -138,7 +138,7 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 		}
 		for _, sp := range svc.Spec.Ports {
 			dst := netip.AddrPortFrom(vip, uint16(sp.Port))
-			got, result := probe(&topo.Node1.Host, dst)
+			got, result := probe(&sb.Node1.Host, dst)
 			status := "not selected"
 			if selected {
 				status = "selected"
@@ -161,11 +161,11 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 
 // probe sends requests from h to dst and returns the pods that answered
 // and a summary.
-func probe(h *testnet.Host, dst netip.AddrPort) ([]string, string) {
+func probe(h *sandbox.Host, dst netip.AddrPort) ([]string, string) {
 	var got []string
 	for range requests {
 		r := h.TCP(dst, probeTimeout)
-		if r.Outcome != testnet.Answered {
+		if r.Outcome != sandbox.Answered {
 			if len(got) == 0 {
 				return nil, "→ " + r.Outcome.String()
 			}

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/proxier/fakeproxier"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // TestController runs the controller with the bundled services and two
@@ -21,7 +21,7 @@ import (
 // Services answer from their pods and the others do not, and fails if
 // not.
 func TestController(t *testing.T) {
-	testnet.RequireRoot(t)
+	sandbox.RequirePrivilege(t)
 	for _, tc := range []struct {
 		selector string
 		selected []string

@@ -6,7 +6,7 @@
 //
 //	sudo go run ./examples/controller [--services FILE] [--selector LABELS]
 //
-// It builds a sandbox (internal/testnet) for that namespace and its pods,
+// It builds a sandbox (package sandbox) for that namespace and its pods,
 // probes every Service of the file and checks that exactly the selected ones
 // answer; it exits non-zero if not. See README.md.
 package main
