@@ -306,12 +306,12 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 			other := e.svc(model.IPv4, "other", "10.96.3.2", p11)
 			mustSync(t, b, request(model.IPv4, []testSvc{a, other}, nil))
 
-			b.r.badRule = func(n model.ServicePortName) string {
+			badRule(b, func(n model.ServicePortName) string {
 				if n == a.Port.Name {
 					return tc.bad
 				}
 				return ""
-			}
+			})
 			// a moves to pod2 (with the bad rule), other too, and c
 			// appears: a keeps its rules, the rest goes through.
 			a2, other2 := e.svc(model.IPv4, "a", "10.96.3.1", p21), e.svc(model.IPv4, "other", "10.96.3.2", p21)
@@ -334,7 +334,7 @@ func TestKernelRefusedRuleKeepsPreviousRules(t *testing.T) {
 				t.Fatalf("a after a full sync: %s", got)
 			}
 			// Once the rule is fine, a follows.
-			b.r.badRule = nil
+			badRule(b, nil)
 			mustSync(t, b, request(model.IPv4, svcs, backendtest.Names(a2)))
 			if got := e.answers(node, "10.96.3.1:80"); got != p21.Name {
 				t.Fatalf("a after the fix: %s", got)
@@ -500,12 +500,12 @@ func TestKernelRefusedRuleInLaterRun(t *testing.T) {
 		svcs = append(svcs, e.svc(model.IPv4, fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.4.%d", i+1), pod))
 	}
 	bad := svcs[5].Port.Name
-	b.r.badRule = func(n model.ServicePortName) string {
+	badRule(b, func(n model.ServicePortName) string {
 		if n == bad {
 			return "-j REJECT"
 		}
 		return ""
-	}
+	})
 	err := b.Sync(t.Context(), request(model.IPv4, svcs, nil))
 	checkRefused(t, err, bad, "-j REJECT")
 	// One section per service port programmed, and the last one.
@@ -529,7 +529,7 @@ func TestKernelRefusedRuleInLaterRun(t *testing.T) {
 		}
 	}
 	// Fixed, the next complete rewrite programs it too.
-	b.r.badRule = nil
+	badRule(b, nil)
 	mustSync(t, b, request(model.IPv4, svcs, nil))
 	if got := e.answers(node, "10.96.4.6:80"); got != p21.Name {
 		t.Fatalf("the fixed service port: %s", got)
@@ -548,12 +548,12 @@ func TestKernelRefusedFilterRuleAtFirstSync(t *testing.T) {
 			b := e.backend(model.IPv4, Config{Mode: mode})
 			web := e.svc(model.IPv4, "web", "10.96.5.1", p11)
 			empty := e.svc(model.IPv4, "empty", "10.96.5.2")
-			b.r.badVerdict = func(n model.ServicePortName) string {
+			badVerdict(b, func(n model.ServicePortName) string {
 				if n == empty.Port.Name {
 					return "REJECT --reject-with pkbogus"
 				}
 				return ""
-			}
+			})
 			err := b.Sync(t.Context(), request(model.IPv4, []testSvc{web, empty}, nil))
 			checkRefused(t, err, empty.Port.Name, "pkbogus")
 			if got := e.answers(node, "10.96.5.1:80"); got != p11.Name {

@@ -48,12 +48,12 @@ func TestKernelRuleMetrics(t *testing.T) {
 	}
 	// iptables-nft refuses a jump to a chain that does not exist at the
 	// table's COMMIT: the whole sync fails.
-	b.r.badRule = func(n model.ServicePortName) string {
+	badRule(b, func(n model.ServicePortName) string {
 		if n == api.Port.Name {
 			return "-j PKBOGUS"
 		}
 		return ""
-	}
+	})
 	api2 := e.svc(model.IPv4, "api", "10.96.6.3", p11)
 	if err := b.Sync(t.Context(), request(model.IPv4, []testSvc{web, api2}, backendtest.Names(api2))); err == nil {
 		t.Fatal("sync with a jump to a missing chain went through")
@@ -61,7 +61,7 @@ func TestKernelRuleMetrics(t *testing.T) {
 	if n := gauges()["kubeproxy_sync_proxy_rules_iptables_restore_failures_total"]; n != 1 {
 		t.Errorf("%v restore failures after one, want 1", n)
 	}
-	b.r.badRule = nil
+	badRule(b, nil)
 	mustSync(t, b, request(model.IPv4, []testSvc{web, api2}, nil))
 	check("after the failure")
 }

@@ -36,6 +36,10 @@ type backend struct {
 	// arena is the buffer complete rewrites write their input in, kept
 	// for the next one (nil after a failure, whose error may hold it).
 	arena []byte
+	// rewrite, set by tests only, replaces a service port's rendering
+	// before it is programmed: tests make the kernel refuse a service
+	// port's rules with it. The renderer has no test hooks.
+	rewrite func(model.ServicePortName, rendering) rendering
 	// chunkSize and runSections, set by tests only, replace the nft
 	// flavour's section size (nftChunk) and the number of sections per
 	// run (from nftRunChains).
@@ -164,6 +168,9 @@ func (b *backend) render(req *proxier.SyncRequest, name model.ServicePortName, e
 	if err != nil {
 		errs[name] = err
 		return rendering{}, false
+	}
+	if b.rewrite != nil {
+		rd = b.rewrite(name, rd)
 	}
 	return rd, true
 }
