@@ -41,7 +41,7 @@ type svcRender struct {
 	svcName string
 	// clusterIP is the cluster IP, if any; extDsts and lbDsts the
 	// external and load-balancer addresses, without repeats.
-	clusterIP      netip.Addr
+	clusterIP       netip.Addr
 	extDsts, lbDsts []netip.Addr
 	// affinity is the session affinity timeout in seconds; 0: none.
 	affinity int
