@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"fmt"
 	"sync"
 
 	"github.com/proxykit/proxykit/internal/cgroup2"
@@ -29,7 +28,7 @@ type Cgroup struct {
 func EnterCgroup(prefix string) (*Cgroup, error) {
 	dir, leave, err := cgroup2.Enter(prefix)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: enter a cgroup v2 of its own: %w", err)
+		return nil, err
 	}
 	return &Cgroup{path: dir, leave: leave}, nil
 }

@@ -9,13 +9,13 @@ import (
 	"strings"
 
 	"github.com/proxykit/proxykit/backends"
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/proxier"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // lister prints, short and readable, what a backend programmed in the
 // node's namespace; name says which host owns an address.
-type lister func(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error
+type lister func(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error
 
 // backend is one dataplane the demo can run: every backend of the
 // backends package, and eBPF, with the listings the demo knows for each.
@@ -23,7 +23,7 @@ type backend struct {
 	name string
 	// start builds the proxier; release, when not nil, undoes what start
 	// set up besides it, after the proxier is closed.
-	start func(cfg proxier.Config, topo *testnet.Topology) (p proxier.Proxier, release func() error, err error)
+	start func(cfg proxier.Config, sb *sandbox.Sandbox) (p proxier.Proxier, release func() error, err error)
 	// show prints the decoded summary; nil when the demo has none.
 	show lister
 	// raw prints the dataplane tool's own listing (--nft); may be nil.
@@ -59,7 +59,7 @@ func lookupBackend(name string) (backend, error) {
 	if name == ebpfName {
 		b.start = newEBPF
 	} else {
-		b.start = func(cfg proxier.Config, _ *testnet.Topology) (proxier.Proxier, func() error, error) {
+		b.start = func(cfg proxier.Config, _ *sandbox.Sandbox) (proxier.Proxier, func() error, error) {
 			p, err := backends.New(name, cfg)
 			return p, nil, err
 		}

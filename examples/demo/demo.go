@@ -8,19 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/proxier/static"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 //go:embed services.yaml
@@ -52,12 +50,12 @@ const (
 // the sandbox torn down (or detached with --keep).
 func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 	if o.remove != "" {
-		names, err := testnet.RemoveNamespaces(strings.TrimPrefix(o.remove, "pk-"))
+		names, err := sandbox.Remove(o.remove)
 		for _, n := range names {
 			fmt.Fprintln(out, "removed namespace", n)
 		}
 		if err == nil && len(names) == 0 {
-			err = fmt.Errorf("no namespace of sandbox %s in %s", o.remove, testnet.NetNSDir)
+			err = fmt.Errorf("no namespace of sandbox %s in %s", o.remove, sandbox.NetNSDir)
 		}
 		return err
 	}
@@ -97,8 +95,8 @@ func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 	}
 
 	start := time.Now()
-	topo, err := testnet.Build(testnet.Options{})
-	if errors.Is(err, testnet.ErrNotPrivileged) {
+	sb, err := sandbox.New(ctx, sandbox.Options{})
+	if errors.Is(err, sandbox.ErrNotPrivileged) {
 		return fmt.Errorf("%w\nThe demo creates network namespaces; run it as root: sudo go run ./examples/demo", err)
 	}
 	if err != nil {
@@ -106,31 +104,31 @@ func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 	}
 	defer func() {
 		if o.keep {
-			err = errors.Join(err, topo.Detach())
+			err = errors.Join(err, sb.Keep())
 			fmt.Fprintf(out, "\nKept sandbox %s: its namespaces are %s/pk-%s-*, e.g.\n"+
 				"  sudo ip netns exec pk-%s-node1 nft list ruleset\n"+
 				"Remove them with: sudo go run ./examples/demo --remove %s\n",
-				topo.ID, testnet.NetNSDir, topo.ID, topo.ID, topo.ID)
+				sb.ID, sandbox.NetNSDir, sb.ID, sb.ID, sb.ID)
 			return
 		}
-		err = errors.Join(err, topo.Close())
+		err = errors.Join(err, sb.Close())
 	}()
-	if err := quietRedirects(topo.Node1); err != nil {
+	if err := quietRedirects(sb.Node1); err != nil {
 		return err
 	}
-	sb := newSandbox(topo)
-	fmt.Fprintf(out, "proxykit demo: backend %s, sandbox pk-%s built in %v\n", o.backend, topo.ID, time.Since(start).Round(time.Millisecond))
-	sb.describe(out)
+	d := newDemo(sb)
+	fmt.Fprintf(out, "proxykit demo: backend %s, sandbox pk-%s built in %v\n", o.backend, sb.ID, time.Since(start).Round(time.Millisecond))
+	d.describe(out)
 
 	cfg := proxier.Config{
-		NetNS:           topo.Node1.Path(),
-		NodeName:        topo.Node1.Name,
+		NetNS:           sb.Node1.NetNSPath(),
+		NodeName:        sb.Node1.Name,
 		Families:        []model.IPFamily{model.IPv4, model.IPv6},
-		ClusterCIDRs:    []netip.Prefix{testnet.PodNetworkIPv4, testnet.PodNetworkIPv6},
+		ClusterCIDRs:    sb.PodNetworks(),
 		MinSyncInterval: 100 * time.Millisecond,
 		Logger:          log,
 	}
-	p, release, err := be.start(cfg, topo)
+	p, release, err := be.start(cfg, sb)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", o.backend, err)
 	}
@@ -165,11 +163,11 @@ func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 	}()
 
 	fmt.Fprintf(out, "services: %s\n", label)
-	gen, err := sb.round(ctx, out, v, o)
+	gen, err := d.round(ctx, out, v, o)
 	if err != nil {
 		return err
 	}
-	if err := showProgrammed(ctx, out, be, sb, o.raw); err != nil {
+	if err := showProgrammed(ctx, out, be, d, o.raw); err != nil {
 		fmt.Fprintf(out, "  (could not list it: %v)\n", err)
 	}
 	if !o.watch {
@@ -193,7 +191,7 @@ func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 			continue // already probed
 		}
 		fmt.Fprintf(out, "\n--- %s changed at %s ---\n", filepath.Base(path), time.Now().Format(time.TimeOnly))
-		if gen, err = sb.round(ctx, out, v, o); err != nil {
+		if gen, err = d.round(ctx, out, v, o); err != nil {
 			return err
 		}
 	}
@@ -202,7 +200,7 @@ func run(ctx context.Context, o options, out, logw io.Writer) (err error) {
 // round waits for the proxier to program every event so far, then
 // probes every service and prints the results. It returns the
 // generation of the view it probed.
-func (sb *sandbox) round(ctx context.Context, out io.Writer, v *view, o options) (int, error) {
+func (d *demo) round(ctx context.Context, out io.Writer, v *view, o options) (int, error) {
 	start := time.Now()
 	var (
 		svcs  []*v1.Service
@@ -227,17 +225,17 @@ func (sb *sandbox) round(ctx context.Context, out io.Writer, v *view, o options)
 		}
 	}
 	fmt.Fprintf(out, "programmed %d services in %v; sending %d requests per client and address:\n", len(svcs), roundDuration(time.Since(start)), o.requests)
-	reports := sb.plan(svcs, bySvc)
-	sb.probe(ctx, reports, o.requests)
-	sb.print(out, reports)
+	reports := d.plan(svcs, bySvc)
+	d.probe(ctx, reports, o.requests)
+	d.print(out, reports)
 	fmt.Fprintln(out, "\n(source seen: the address the pod saw. The node masquerades service traffic from itself and from\n outside; pods keep their address, and so does outside traffic to an externalTrafficPolicy Local service.)")
 	return gen, nil
 }
 
 // describe prints the sandbox's hosts.
-func (sb *sandbox) describe(w io.Writer) {
-	t := sb.topo
-	pods := func(n *testnet.Node) string {
+func (d *demo) describe(w io.Writer) {
+	t := d.sb
+	pods := func(n *sandbox.Node) string {
 		var b bytes.Buffer
 		for i, p := range n.Pods {
 			if i > 0 {
@@ -253,7 +251,7 @@ func (sb *sandbox) describe(w io.Writer) {
 }
 
 // showProgrammed prints what the backend programmed.
-func showProgrammed(ctx context.Context, w io.Writer, be backend, sb *sandbox, raw bool) error {
+func showProgrammed(ctx context.Context, w io.Writer, be backend, d *demo, raw bool) error {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l := be.show
@@ -264,7 +262,7 @@ func showProgrammed(ctx context.Context, w io.Writer, be backend, sb *sandbox, r
 		fmt.Fprintf(w, "\n(the demo cannot list what the %s backend programmed yet)\n", be.name)
 		return nil
 	}
-	return l(sctx, w, sb.topo.Node1, sb.name)
+	return l(sctx, w, d.sb.Node1, d.name)
 }
 
 // quietRedirects stops node1 from sending ICMP redirects. The sandbox's
@@ -273,7 +271,7 @@ func showProgrammed(ctx context.Context, w io.Writer, be backend, sb *sandbox, r
 // redirect the kernel then sends uses up the ICMP rate-limit tokens of
 // that pod: the "port unreachable" of a later reject would be
 // suppressed and the pod would see a timeout instead of a refusal.
-func quietRedirects(node *testnet.Node) error {
+func quietRedirects(node *sandbox.Node) error {
 	return node.Do(func() error {
 		confs, err := filepath.Glob("/proc/sys/net/ipv4/conf/*/send_redirects")
 		if err != nil {

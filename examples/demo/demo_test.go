@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/proxier/static"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a concurrent reader.
@@ -87,7 +87,7 @@ func noNamespacesLeft(t *testing.T, out string) {
 	if m == nil {
 		t.Fatalf("no sandbox ID in the output")
 	}
-	if left, _ := filepath.Glob(filepath.Join(testnet.NetNSDir, "pk-"+m[1]+"-*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(sandbox.NetNSDir, "pk-"+m[1]+"-*")); len(left) > 0 {
 		t.Errorf("namespaces left behind: %v", left)
 	}
 }
@@ -96,7 +96,7 @@ func noNamespacesLeft(t *testing.T, out string) {
 // and checks that its report shows real answers from the sandbox's pods,
 // as each service's kind requires, and that it tears the sandbox down.
 func TestDemo(t *testing.T) {
-	testnet.RequireRoot(t)
+	sandbox.RequirePrivilege(t)
 	for _, name := range backendNames() {
 		t.Run(name, func(t *testing.T) { testDemo(t, name) })
 	}
@@ -205,7 +205,7 @@ func testDemo(t *testing.T, backend string) {
 // the file, and checks that the change is programmed and probed live,
 // and that cancelling (Ctrl-C) tears everything down.
 func TestDemoWatch(t *testing.T) {
-	testnet.RequireRoot(t)
+	sandbox.RequirePrivilege(t)
 	path := filepath.Join(t.TempDir(), "services.yaml")
 	if err := os.WriteFile(path, bundledServices, 0o644); err != nil {
 		t.Fatal(err)

@@ -8,9 +8,8 @@ import (
 	"net/netip"
 
 	"github.com/proxykit/proxykit/backends/ebpf"
-	"github.com/proxykit/proxykit/internal/cgroup2"
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/proxier"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // newEBPF starts the eBPF backend for the sandbox. Its socket programs
@@ -19,25 +18,25 @@ import (
 // of its own, moves itself into it and attaches there: no other process
 // of the machine is affected. The returned release moves the process
 // back and removes the cgroup; call it after the proxier is closed.
-func newEBPF(cfg proxier.Config, topo *testnet.Topology) (proxier.Proxier, func() error, error) {
-	cg, release, err := cgroup2.Enter("proxykit-demo-")
+func newEBPF(cfg proxier.Config, sb *sandbox.Sandbox) (proxier.Proxier, func() error, error) {
+	cg, err := sandbox.EnterCgroup("proxykit-demo-")
 	if err != nil {
 		return nil, nil, fmt.Errorf("a cgroup v2 for the socket programs: %w", err)
 	}
-	pods := make([]string, 0, len(topo.Node1.Pods))
-	for _, p := range topo.Node1.Pods {
-		pods = append(pods, p.Path())
+	pods := make([]string, 0, len(sb.Node1.Pods))
+	for _, p := range sb.Node1.Pods {
+		pods = append(pods, p.NetNSPath())
 	}
-	p, err := ebpf.New(ebpf.Config{Config: cfg, CgroupPath: cg, PodNetNS: pods})
+	p, err := ebpf.New(ebpf.Config{Config: cfg, CgroupPath: cg.Path(), PodNetNS: pods})
 	if err != nil {
-		return nil, nil, errors.Join(err, release())
+		return nil, nil, errors.Join(err, cg.Leave())
 	}
-	return p, release, nil
+	return p, cg.Leave, nil
 }
 
 // showEBPF says where the eBPF backend put what: east-west traffic in
 // the socket programs' maps, traffic from outside in its nftables table.
-func showEBPF(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+func showEBPF(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
 	fmt.Fprintln(w, "\nWhat ebpf programmed in node1: socket programs on the demo's own cgroup translate the")
 	fmt.Fprintln(w, "connections of node1 and its pods in connect() and sendmsg(), from BPF maps, before any packet")
 	fmt.Fprintln(w, "exists. Traffic from outside the node (node ports), and sockets the programs do not see, take")

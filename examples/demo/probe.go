@@ -14,8 +14,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // Probing parameters.
@@ -27,32 +27,32 @@ const (
 // labelServiceProxyName marks a Service for another proxy.
 const labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
-// sandbox names the hosts of the topology the demo probes from and the
-// owners of its addresses.
-type sandbox struct {
-	topo  *testnet.Topology
+// demo holds the sandbox the demo probes from and the owners of its
+// addresses.
+type demo struct {
+	sb    *sandbox.Sandbox
 	names map[netip.Addr]string
 }
 
-func newSandbox(t *testnet.Topology) *sandbox {
-	s := &sandbox{topo: t, names: map[netip.Addr]string{}}
+func newDemo(sb *sandbox.Sandbox) *demo {
+	d := &demo{sb: sb, names: map[netip.Addr]string{}}
 	for _, f := range []model.IPFamily{model.IPv4, model.IPv6} {
-		for _, p := range t.Pods {
-			s.names[p.IP(f)] = p.Name
+		for _, p := range sb.Pods {
+			d.names[p.IP(f)] = p.Name
 		}
-		for _, n := range []*testnet.Node{t.Node1, t.Node2} {
+		for _, n := range []*sandbox.Node{sb.Node1, sb.Node2} {
 			for _, a := range append(n.Addrs(f), n.Gateway(f)) {
-				s.names[a] = n.Name
+				d.names[a] = n.Name
 			}
 		}
-		s.names[t.Client.IP(f)] = t.Client.Name
+		d.names[sb.Client.IP(f)] = sb.Client.Name
 	}
-	return s
+	return d
 }
 
 // name returns the host that owns a, or a itself.
-func (s *sandbox) name(a netip.Addr) string {
-	if n, ok := s.names[a.Unmap()]; ok {
+func (d *demo) name(a netip.Addr) string {
+	if n, ok := d.names[a.Unmap()]; ok {
 		return n
 	}
 	return a.String()
@@ -60,7 +60,7 @@ func (s *sandbox) name(a netip.Addr) string {
 
 // target is one address of a service probed from one host.
 type target struct {
-	from  *testnet.Host
+	from  *sandbox.Host
 	dst   netip.AddrPort
 	proto v1.Protocol
 }
@@ -70,7 +70,7 @@ type result struct {
 	target
 	answers map[string]int          // replies per pod
 	sources map[string][]netip.Addr // source addresses the pods saw, per owner
-	failure *testnet.Result         // the first request not answered; probing stopped there
+	failure *sandbox.Result         // the first request not answered; probing stopped there
 }
 
 // portReport is one service port: what the file says and what the
@@ -86,8 +86,8 @@ type portReport struct {
 // plan lists the ports of every service with the targets to probe: each
 // cluster IP from the node and from a pod, each node port, external IP
 // and load-balancer IP from the outside client.
-func (s *sandbox) plan(svcs []*v1.Service, slicesOf map[string][]*discoveryv1.EndpointSlice) []*portReport {
-	node, pod, client := &s.topo.Node1.Host, &s.topo.Node1.Pods[0].Host, s.topo.Client
+func (d *demo) plan(svcs []*v1.Service, slicesOf map[string][]*discoveryv1.EndpointSlice) []*portReport {
+	node, pod, client := &d.sb.Node1.Host, &d.sb.Node1.Pods[0].Host, d.sb.Client
 	var out []*portReport
 	for _, svc := range svcs {
 		if len(svc.Spec.Ports) == 0 {
@@ -96,13 +96,13 @@ func (s *sandbox) plan(svcs []*v1.Service, slicesOf map[string][]*discoveryv1.En
 		}
 		for _, sp := range svc.Spec.Ports {
 			r := &portReport{title: portTitle(svc, sp), traits: traits(svc)}
-			r.endpoints = s.endpoints(svc, sp, slicesOf[key(svc.Namespace, svc.Name)])
+			r.endpoints = d.endpoints(svc, sp, slicesOf[key(svc.Namespace, svc.Name)])
 			if why := notProxied(svc); why != "" {
 				r.skipped = why
 				out = append(out, r)
 				continue
 			}
-			add := func(from *testnet.Host, a netip.Addr, port int32) {
+			add := func(from *sandbox.Host, a netip.Addr, port int32) {
 				if a.IsValid() && port > 0 {
 					r.results = append(r.results, &result{target: target{from: from, dst: netip.AddrPortFrom(a, uint16(port)), proto: sp.Protocol}})
 				}
@@ -117,7 +117,7 @@ func (s *sandbox) plan(svcs []*v1.Service, slicesOf map[string][]*discoveryv1.En
 			}
 			if sp.NodePort > 0 {
 				for _, f := range fams {
-					add(client, s.topo.Node1.ExternalIP(f), sp.NodePort)
+					add(client, d.sb.Node1.ExternalIP(f), sp.NodePort)
 				}
 			}
 			for _, ip := range svc.Spec.ExternalIPs {
@@ -200,7 +200,7 @@ func traits(svc *v1.Service) []string {
 }
 
 // endpoints lists the endpoints of one service port by host name.
-func (s *sandbox) endpoints(svc *v1.Service, sp v1.ServicePort, sls []*discoveryv1.EndpointSlice) []string {
+func (d *demo) endpoints(svc *v1.Service, sp v1.ServicePort, sls []*discoveryv1.EndpointSlice) []string {
 	proto := cmp.Or(sp.Protocol, v1.ProtocolTCP)
 	var out []string
 	for _, sl := range sls {
@@ -220,7 +220,7 @@ func (s *sandbox) endpoints(svc *v1.Service, sp v1.ServicePort, sls []*discovery
 				if err != nil {
 					continue
 				}
-				e := s.name(a) + ":" + strconv.Itoa(int(port))
+				e := d.name(a) + ":" + strconv.Itoa(int(port))
 				if c := ep.Conditions; c.Ready != nil && !*c.Ready {
 					e += " (not ready)"
 				}
@@ -240,25 +240,25 @@ func ptr[T any](p *T) T {
 }
 
 // probe sends n requests to every target of reports.
-func (s *sandbox) probe(ctx context.Context, reports []*portReport, n int) {
+func (d *demo) probe(ctx context.Context, reports []*portReport, n int) {
 	for _, r := range reports {
 		for _, res := range r.results {
 			if ctx.Err() != nil {
 				return
 			}
-			s.probeOne(ctx, res, n)
+			d.probeOne(ctx, res, n)
 		}
 	}
 }
 
-func (s *sandbox) probeOne(ctx context.Context, res *result, n int) {
+func (d *demo) probeOne(ctx context.Context, res *result, n int) {
 	res.answers = map[string]int{}
 	res.sources = map[string][]netip.Addr{}
 	for range n {
 		if ctx.Err() != nil {
 			return
 		}
-		var r testnet.Result
+		var r sandbox.Result
 		switch res.proto {
 		case v1.ProtocolUDP:
 			r = res.from.UDP(res.dst, probeTimeout)
@@ -267,13 +267,13 @@ func (s *sandbox) probeOne(ctx context.Context, res *result, n int) {
 		default:
 			r = res.from.TCP(res.dst, probeTimeout)
 		}
-		if r.Outcome != testnet.Answered {
+		if r.Outcome != sandbox.Answered {
 			res.failure = &r
 			return
 		}
 		res.answers[r.Server]++
 		src := r.Source.Addr()
-		owner := s.name(src)
+		owner := d.name(src)
 		if !slices.Contains(res.sources[owner], src) {
 			res.sources[owner] = append(res.sources[owner], src)
 		}
@@ -281,7 +281,7 @@ func (s *sandbox) probeOne(ctx context.Context, res *result, n int) {
 }
 
 // print writes the reports.
-func (s *sandbox) print(w io.Writer, reports []*portReport) {
+func (d *demo) print(w io.Writer, reports []*portReport) {
 	for _, r := range reports {
 		fmt.Fprintf(w, "\n%s", r.title)
 		if len(r.traits) > 0 {

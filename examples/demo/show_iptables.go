@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // iptablesPrefix starts the name of every chain of the iptables backend
@@ -20,7 +20,7 @@ const iptablesPrefix = "PROXYKIT-"
 // saveNAT returns the nat table of family (4 or 6) in node, as
 // iptables-save prints it, from whichever flavour (nft or legacy) holds
 // the backend's chains.
-func saveNAT(ctx context.Context, node *testnet.Node, family int) (tool, text string, err error) {
+func saveNAT(ctx context.Context, node *sandbox.Node, family int) (tool, text string, err error) {
 	pre := "iptables"
 	if family == 6 {
 		pre = "ip6tables"
@@ -46,7 +46,7 @@ func saveNAT(ctx context.Context, node *testnet.Node, family int) (tool, text st
 // showIptables prints where the backend's nat rules send service traffic:
 // the dispatch rules, and per service chain the endpoints its DNATs lead
 // to.
-func showIptables(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+func showIptables(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
 	for _, fam := range []int{4, 6} {
 		tool, text, err := saveNAT(ctx, node, fam)
 		if err != nil {
@@ -148,7 +148,7 @@ func showIptables(ctx context.Context, w io.Writer, node *testnet.Node, name fun
 }
 
 // rawIptables prints the backend's chains of iptables-save.
-func rawIptables(ctx context.Context, w io.Writer, node *testnet.Node, _ func(netip.Addr) string) error {
+func rawIptables(ctx context.Context, w io.Writer, node *sandbox.Node, _ func(netip.Addr) string) error {
 	for _, fam := range []int{4, 6} {
 		tool, text, err := saveNAT(ctx, node, fam)
 		if err != nil {

@@ -12,14 +12,14 @@ import (
 	mobyipvs "github.com/moby/ipvs"
 
 	"github.com/proxykit/proxykit/backends/ipvs"
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // showIPVS prints the IPVS virtual servers in the node's namespace and
 // their real servers, as the kernel reports them.
-func showIPVS(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
-	h, err := mobyipvs.New(node.Path())
+func showIPVS(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
+	h, err := mobyipvs.New(node.NetNSPath())
 	if err != nil {
 		return err
 	}

@@ -18,26 +18,26 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/backends/nftables"
-	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 // showNftables prints the backend's tables in the node's namespace as
 // netlink reads them back, decoded: the service addresses of the dispatch
 // maps and the endpoints their packets may be DNATed to. Only tables that
 // hold a service are shown.
-func showNftables(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+func showNftables(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
 	return showNftTable(nftables.DefaultTableName)(ctx, w, node, name)
 }
 
 // showNftTable returns the lister of showNftables for the tables called
 // tableName.
 func showNftTable(tableName string) lister {
-	return func(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+	return func(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
 		return eachTable(node, tableName, func(famName string, tl *table) error {
 			fmt.Fprintf(w, "\nWhat nftables programmed in node1 (table %s %s, read back over netlink):\n", famName, tableName)
 			tl.print(w, name)
 			if _, err := exec.LookPath("nft"); err == nil {
-				fmt.Fprintf(w, "  (all of it: --nft; or with --keep, sudo ip netns exec %s nft list table %s %s)\n", node.NS.Name(), famName, tableName)
+				fmt.Fprintf(w, "  (all of it: --nft; or with --keep, sudo ip netns exec %s nft list table %s %s)\n", node.NetNSName(), famName, tableName)
 			}
 			return nil
 		})
@@ -48,14 +48,14 @@ func showNftTable(tableName string) lister {
 // service, leaving out empty sets. When nft is missing or fails (1.0.6
 // aborted on the backend's earlier session-affinity rules), it prints the
 // decoded summary instead.
-func rawNftables(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+func rawNftables(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
 	return rawNftTable(nftables.DefaultTableName)(ctx, w, node, name)
 }
 
 // rawNftTable returns the lister of rawNftables for the tables called
 // tableName.
 func rawNftTable(tableName string) lister {
-	return func(ctx context.Context, w io.Writer, node *testnet.Node, name func(netip.Addr) string) error {
+	return func(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error {
 		if _, err := exec.LookPath("nft"); err != nil {
 			fmt.Fprintln(w, "\n(the nft program is not installed; reading the table over netlink instead)")
 			return showNftTable(tableName)(ctx, w, node, name)
@@ -81,8 +81,8 @@ func rawNftTable(tableName string) lister {
 
 // eachTable calls fn with each of node's tables called tableName that
 // holds a service.
-func eachTable(node *testnet.Node, tableName string, fn func(famName string, tl *table) error) error {
-	fd, err := os.Open(node.Path())
+func eachTable(node *sandbox.Node, tableName string, fn func(famName string, tl *table) error) error {
+	fd, err := os.Open(node.NetNSPath())
 	if err != nil {
 		return err
 	}
