@@ -46,8 +46,9 @@ type Sandbox struct {
 // Without the privilege to create network namespaces it fails with an
 // error matching [ErrNotPrivileged].
 //
-// Building takes about a second and is not interrupted midway: New
-// returns ctx's error if ctx is done before it starts.
+// Building is short (tens of milliseconds on an idle machine) and is not
+// interrupted midway: New returns ctx's error if ctx is done before it
+// starts.
 func New(ctx context.Context, opts Options) (*Sandbox, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
