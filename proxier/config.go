@@ -21,6 +21,11 @@ type Config struct {
 	// /var/run/netns/pod1 or /proc/1234/ns/net. Empty means the caller's
 	// own namespace.
 	NetNS string
+	// Node, when set, holds the namespace's handle, conntrack connection
+	// and health check servers, shared with the other proxiers given it
+	// (see [Node]); NetNS is then its namespace (empty: taken from it).
+	// Nil means the proxier opens its own.
+	Node *Node
 	// NodeName is this node's name; endpoints on it are local. Empty
 	// means no endpoint is local.
 	NodeName string
@@ -173,6 +178,9 @@ func Register[C prometheus.Collector](reg prometheus.Registerer, cs ...*C) error
 
 // WithDefaults returns c with every zero field that has a default filled in.
 func (c Config) WithDefaults() Config {
+	if c.Node != nil && c.NetNS == "" {
+		c.NetNS = c.Node.NetNS()
+	}
 	if len(c.Families) == 0 {
 		c.Families = []model.IPFamily{model.IPv4, model.IPv6}
 	}

@@ -2,7 +2,6 @@ package proxier
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -10,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxykit/proxykit/internal/conntrack"
-	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/model"
 )
 
@@ -19,7 +17,7 @@ import (
 // programmed.
 type conntrackHook struct {
 	log     *slog.Logger
-	cleaner *conntrack.Cleaner
+	node    *Node
 	deleted prometheus.Counter
 	// last programmed ports per family, so flows to a deleted service can
 	// still be found and a TCP address that is new can be told from one
@@ -27,20 +25,17 @@ type conntrackHook struct {
 	last map[model.IPFamily]map[model.ServicePortName]*model.ServicePort
 }
 
-func newConntrackHook(ns *netns.NS, log *slog.Logger, deleted prometheus.Counter) (*conntrackHook, error) {
-	cl, err := conntrack.Open(ns)
-	if err != nil {
-		return nil, fmt.Errorf("proxier: %w", err)
+func newConntrackHook(node *Node, log *slog.Logger, deleted prometheus.Counter) (*conntrackHook, error) {
+	if err := node.openConntrack(); err != nil {
+		return nil, err
 	}
 	return &conntrackHook{
 		log:     log,
-		cleaner: cl,
+		node:    node,
 		deleted: deleted,
 		last:    map[model.IPFamily]map[model.ServicePortName]*model.ServicePort{},
 	}, nil
 }
-
-func (c *conntrackHook) close() { c.cleaner.Close() }
 
 func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncRequest) {
 	fam := b.Family()
@@ -96,7 +91,7 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 	if len(valid) == 0 {
 		return
 	}
-	n, err := c.cleaner.Clean(fam, valid)
+	n, err := c.node.cleanConntrack(fam, valid)
 	if err != nil {
 		c.log.Warn("conntrack cleanup failed", "family", fam.String(), "err", err)
 	}

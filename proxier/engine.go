@@ -16,7 +16,6 @@ import (
 
 	"github.com/proxykit/proxykit/changetracker"
 	"github.com/proxykit/proxykit/internal/healthcheck"
-	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/ratelog"
 	"github.com/proxykit/proxykit/model"
 )
@@ -32,7 +31,8 @@ type Engine struct {
 	ct       *conntrackHook
 	metrics  *metrics
 	svcHC    serviceHealthServers // nil: no service health checks
-	ns       *netns.NS
+	node     *Node
+	ownNode  bool // node was opened by New, for this engine alone
 	// hcServed is what the service health check servers were last told;
 	// only the sync goroutine touches it.
 	hcServed map[model.ServiceName]healthcheck.ServiceHealth
@@ -157,44 +157,45 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 			owners:   newOwners(),
 		})
 	}
-	ns, err := netns.Open(cfg.NetNS)
-	if err != nil {
-		return nil, fmt.Errorf("proxier: %w", err)
+	if e.node = cfg.Node; e.node == nil {
+		node, err := NewNode(NodeConfig{NetNS: cfg.NetNS, NodePortAddresses: cfg.NodePortAddresses, Logger: e.log})
+		if err != nil {
+			return nil, err
+		}
+		e.node, e.ownNode = node, true
+	} else if cfg.NetNS != e.node.NetNS() {
+		return nil, fmt.Errorf("proxier: Config.NetNS %q is not the namespace of Config.Node (%q)", cfg.NetNS, e.node.NetNS())
 	}
-	e.ns = ns
 	if !cfg.NoServiceHealthChecks {
 		timeout := cfg.HealthTimeout
 		if timeout <= 0 {
 			timeout = DefaultHealthTimeout
 		}
-		// Like node ports, health check node ports open only on the
-		// NodePortAddresses (resolved now: addresses added later are
-		// not served).
-		var addrs []netip.Addr
-		serve := true
-		if len(cfg.NodePortAddresses) > 0 {
-			if addrs, err = healthcheck.AddrsIn(ns, cfg.NodePortAddresses); err != nil {
-				ns.Close()
-				return nil, fmt.Errorf("proxier: %w", err)
-			}
-			if serve = len(addrs) > 0; !serve {
-				e.log.Warn("no address of the namespace is in NodePortAddresses; health check node ports are not served", "nodePortAddresses", fmt.Sprint(cfg.NodePortAddresses))
-			}
-		}
-		if serve {
-			e.svcHC = healthcheck.NewServiceServers(ns, addrs, func() bool { return e.Health().Healthy(time.Now(), timeout) }, e.log)
+		if e.svcHC = e.node.serviceHealth(e, func() bool { return e.Health().Healthy(time.Now(), timeout) }); e.svcHC == nil {
+			e.log.Warn("no address of the namespace is in NodePortAddresses; health check node ports are not served", "nodePortAddresses", fmt.Sprint(cfg.NodePortAddresses))
 		}
 	}
 	if !cfg.NoConntrackCleanup {
-		ct, err := newConntrackHook(ns, e.log, e.metrics.conntrackDeleted)
+		ct, err := newConntrackHook(e.node, e.log, e.metrics.conntrackDeleted)
 		if err != nil {
-			ns.Close()
+			e.closeNode()
 			return nil, err
 		}
 		e.ct = ct
 		e.hooks = append(e.hooks, ct.afterSync)
 	}
 	return e, nil
+}
+
+// closeNode leaves the Node, closing it if New opened it.
+func (e *Engine) closeNode() error {
+	if e.svcHC != nil {
+		e.svcHC.Close()
+	}
+	if e.ownNode {
+		return e.node.Close()
+	}
+	return nil
 }
 
 // event records that something changed and asks for a sync.
@@ -797,14 +798,8 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	e.mu.Unlock()
-	if e.svcHC != nil {
-		e.svcHC.Close()
-	}
-	if e.ct != nil {
-		e.ct.close()
-	}
 	var errs []error
-	if err := e.ns.Close(); err != nil {
+	if err := e.closeNode(); err != nil {
 		errs = append(errs, err)
 	}
 	for _, f := range e.families {
