@@ -91,8 +91,8 @@ func (f IPFamily) Usable(ep *Endpoint) bool {
 
 // ServiceName names a Service.
 type ServiceName struct {
-	Namespace string
-	Name      string
+	Namespace string // the Service's namespace
+	Name      string // the Service's name
 }
 
 // String returns "namespace/name".
@@ -102,8 +102,8 @@ func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
 // Service spec (empty for a single unnamed port).
 type ServicePortName struct {
 	ServiceName
-	Port     string
-	Protocol Protocol
+	Port     string   // the port's name; empty for a single unnamed port
+	Protocol Protocol // the port's protocol
 }
 
 // String returns "namespace/name:port/PROTOCOL", omitting ":port" for an
@@ -150,6 +150,7 @@ const (
 // ServicePort is one port of one Service, in one IP family: every address in
 // it belongs to the family of the State that holds it.
 type ServicePort struct {
+	// Name names the service port.
 	Name ServicePortName
 
 	// ClusterIP is the virtual address inside the cluster. It may be invalid
@@ -232,9 +233,9 @@ type Endpoint struct {
 
 	// Ready, Serving and Terminating are the EndpointSlice conditions.
 	// Ready implies Serving and not Terminating.
-	Ready       bool
-	Serving     bool
-	Terminating bool
+	Ready       bool // ready to receive traffic
+	Serving     bool // serving, possibly while terminating
+	Terminating bool // being deleted
 
 	// NodeName is the node the endpoint runs on, or empty.
 	NodeName string
@@ -305,7 +306,9 @@ func (e *Endpoint) String() string { return e.Addr.String() }
 
 // State is the full desired state of one IP family.
 type State struct {
-	Family   IPFamily
+	// Family is the IP family of every address in the State.
+	Family IPFamily
+	// Services holds every service port to program.
 	Services map[ServicePortName]*ServicePort
 	// Endpoints holds every endpoint a source reported per service port,
 	// ready or not, sorted by address and de-duplicated.

@@ -16,8 +16,12 @@ import (
 // ServiceHandler receives Service events. The objects are read, never kept
 // or modified.
 type ServiceHandler interface {
+	// OnServiceAdd delivers a Service that is new.
 	OnServiceAdd(svc *v1.Service)
+	// OnServiceUpdate delivers a change of a Service: its previous and
+	// its new version.
 	OnServiceUpdate(oldSvc, svc *v1.Service)
+	// OnServiceDelete delivers the last version of a deleted Service.
 	OnServiceDelete(svc *v1.Service)
 	// OnServiceSynced says the initial list of Services has been delivered.
 	OnServiceSynced()
@@ -25,8 +29,13 @@ type ServiceHandler interface {
 
 // EndpointSliceHandler receives EndpointSlice events.
 type EndpointSliceHandler interface {
+	// OnEndpointSliceAdd delivers an EndpointSlice that is new.
 	OnEndpointSliceAdd(slice *discoveryv1.EndpointSlice)
+	// OnEndpointSliceUpdate delivers a change of an EndpointSlice: its
+	// previous and its new version.
 	OnEndpointSliceUpdate(oldSlice, slice *discoveryv1.EndpointSlice)
+	// OnEndpointSliceDelete delivers the last version of a deleted
+	// EndpointSlice.
 	OnEndpointSliceDelete(slice *discoveryv1.EndpointSlice)
 	// OnEndpointSlicesSynced says the initial list of EndpointSlices has
 	// been delivered.
@@ -36,9 +45,13 @@ type EndpointSliceHandler interface {
 // NodeHandler receives events of the node the proxier runs on (its labels
 // carry the topology zone).
 type NodeHandler interface {
+	// OnNodeAdd delivers the node's Node object.
 	OnNodeAdd(node *v1.Node)
+	// OnNodeUpdate delivers a change of the node's Node object.
 	OnNodeUpdate(oldNode, node *v1.Node)
+	// OnNodeDelete says the node's Node object was deleted.
 	OnNodeDelete(node *v1.Node)
+	// OnNodeSynced says the initial list of Nodes has been delivered.
 	OnNodeSynced()
 }
 
@@ -181,6 +194,7 @@ type ObjectError struct {
 	Err error
 }
 
+// Error returns "namespace/name:port/PROTOCOL: reason".
 func (e *ObjectError) Error() string { return e.Service.String() + ": " + e.Err.Error() }
 
 // Unwrap returns the underlying error.
@@ -243,6 +257,7 @@ type UnsupportedError struct {
 	Err error
 }
 
+// Error names the backend and what it is missing.
 func (e *UnsupportedError) Error() string {
 	s := e.Backend + ": missing " + e.What
 	if e.Err != nil {

@@ -51,6 +51,7 @@ func (h Health) Live(now time.Time, timeout time.Duration) bool {
 // HealthReporter is implemented by proxiers that report their health, as
 // the engine does.
 type HealthReporter interface {
+	// Health returns the proxier's health as of now.
 	Health() Health
 }
 

@@ -359,6 +359,7 @@ type MapFullError struct {
 	Size int
 }
 
+// Error names the map, its size and the Config field that sets it.
 func (e *MapFullError) Error() string {
 	return fmt.Sprintf("BPF map %s is full (%d entries; raise Config.%s)", e.Map, e.Size, e.Field)
 }

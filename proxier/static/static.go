@@ -26,9 +26,9 @@ import (
 
 // Objects is what a file holds.
 type Objects struct {
-	Services       []*v1.Service
-	EndpointSlices []*discoveryv1.EndpointSlice
-	Nodes          []*v1.Node
+	Services       []*v1.Service                // the file's Services, in file order
+	EndpointSlices []*discoveryv1.EndpointSlice // the file's EndpointSlices, in file order
+	Nodes          []*v1.Node                   // the file's Nodes, in file order
 	// ServiceCIDRs are the spec.cidrs of the file's ServiceCIDR objects,
 	// masked, in file order, without repeats.
 	ServiceCIDRs []netip.Prefix
@@ -50,6 +50,7 @@ type DocumentError struct {
 	Err error
 }
 
+// Error names the document and says why it could not be used.
 func (e *DocumentError) Error() string {
 	what := fmt.Sprintf("document %d", e.Index)
 	switch {
