@@ -29,22 +29,22 @@ import (
 // while the node port range lasts (2,768 at 30,000 services).
 
 // selections are the endpoint selections the benchmarks run with.
-var selections = []Selection{SelectionRandom, SelectionMaglev}
+var selections = []proxier.Scheduler{proxier.SchedulerRandom, proxier.SchedulerMaglev}
 
 // benchBackend returns a SocketOnly IPv4 backend of the node namespace
 // nsPath, attaching (at its first sync) to the cgroup cg, picking
 // endpoints with sel. It is cleaned up and closed at the end of the
 // benchmark, if not before.
-func benchBackend(b *testing.B, nsPath, cg string, sel Selection) *backend {
+func benchBackend(b *testing.B, nsPath, cg string, sel proxier.Scheduler) *backend {
 	b.Helper()
 	cfg := Config{
 		Config:      proxier.Config{NetNS: nsPath, Families: []model.IPFamily{model.IPv4}},
 		CgroupPath:  cg,
 		SocketOnly:  true,
 		MaxBackends: 1 << 19,
-		Selection:   sel,
+		Scheduler:   sel,
 	}
-	if sel == SelectionMaglev {
+	if sel == proxier.SchedulerMaglev {
 		cfg.MaxMaglevTables = 1 << 15 // 30,000 services; 136 MB
 	}
 	be, err := NewBackend(cfg, model.IPv4)
@@ -124,9 +124,9 @@ func BenchmarkEndpointChange(b *testing.B) {
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := emptyCgroup(b)
 	for _, c := range []struct {
-		sel Selection
+		sel proxier.Scheduler
 		n   int
-	}{{SelectionRandom, 100}, {SelectionRandom, 10000}, {SelectionMaglev, 100}, {SelectionMaglev, 10000}} {
+	}{{proxier.SchedulerRandom, 100}, {proxier.SchedulerRandom, 10000}, {proxier.SchedulerMaglev, 100}, {proxier.SchedulerMaglev, 10000}} {
 		n := c.n
 		b.Run(fmt.Sprintf("%s/services=%d", c.sel, n), func(b *testing.B) {
 			be := benchBackend(b, tn.Node1.Path(), cg, c.sel)
@@ -168,7 +168,7 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
-func benchConnect(b *testing.B, tn *testnet.Topology, cg string, sel Selection, n int) {
+func benchConnect(b *testing.B, tn *testnet.Topology, cg string, sel proxier.Scheduler, n int) {
 	be := benchBackend(b, tn.Node1.Path(), cg, sel)
 	svcs := backendtest.ScaleServices(n, 10)
 	mustSync(b, be, request(model.IPv4, svcs, nil))
@@ -213,7 +213,7 @@ func BenchmarkConnectScale(b *testing.B) {
 	dst := &unix.SockaddrInet4{Addr: connectDst(svcs).As4(), Port: 80}
 	const block = 1000
 	for _, sel := range selections {
-		b.Run(sel.String(), func(b *testing.B) {
+		b.Run(string(sel), func(b *testing.B) {
 			be := benchBackend(b, tn.Node1.Path(), cg, sel)
 			var blocks [2][]float64
 			err := tn.Node1.Do(func() error {

@@ -70,7 +70,7 @@ func TestConformanceSocketOnly(t *testing.T) {
 func TestConformanceMaglev(t *testing.T) {
 	proxiertest.Run(t, factory(t, func(c *Config) {
 		c.SocketOnly = true
-		c.Selection = SelectionMaglev
+		c.Scheduler = proxier.SchedulerMaglev
 		c.MaxMaglevTables = 256
 	}), proxiertest.Options{Skip: bydesignSkips(socketOnlySkips()), NodeOnly: true})
 }

@@ -17,7 +17,8 @@
 // packet exists: no NAT, no conntrack entry, the endpoint sees the
 // client's own address. Programs on recvmsg4/6 and getpeername4/6 show
 // the service address again. Endpoints are picked at random, by Maglev
-// consistent hashing (per service port, else Config.Selection), or per
+// consistent hashing (per service port, else Config.Scheduler; see
+// [Schedulers]), or per
 // client network namespace with session affinity. A service without
 // endpoints fails connect (and unconnected sendmsg) with ECONNREFUSED at
 // once; a service whose traffic policy leaves no endpoint on this node
@@ -44,18 +45,18 @@
 //
 // A service port picks with Maglev when its Scheduler
 // ([model.ServicePort.Scheduler], the proxykit.io/scheduler annotation)
-// is "maglev" or "mh" (IPVS's name for Maglev hashing), at random when it
-// is "random", and as Config.Selection says when it is empty; any other
-// value also gets Config.Selection, and is logged once per service port
-// and value. A change of Scheduler takes effect at the next sync. Tables
+// is [proxier.SchedulerMaglev] ("mh", IPVS's name, or "maglev",
+// Cilium's), at random when it is "random", and as Config.Scheduler says
+// when it is empty; any other value also gets Config.Scheduler, and is
+// logged once per service port and value. A change of Scheduler takes effect at the next sync. Tables
 // are per endpoint group, never shared between service ports, so two
 // service ports with the same endpoints can pick differently.
 //
 // The tables are preallocated: Config.MaxMaglevTables × 4.1 KiB per
 // family at the default size. It defaults to 16,384 tables (68 MB; 41 MB
-// for 10,000 service ports) with [SelectionMaglev] and to 256 (1 MiB)
-// with [SelectionRandom], where only service ports asking for Maglev use
-// one; service ports beyond it pick at random, with a warning.
+// for 10,000 service ports) with [proxier.SchedulerMaglev] and to 256
+// (1 MiB) with [proxier.SchedulerRandom], where only service ports asking
+// for Maglev use one; service ports beyond it pick at random, with a warning.
 //
 // # North-south: nftables
 //

@@ -13,13 +13,15 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // Maglev consistent hashing (Eisenbud et al., "Maglev: A Fast and
 // Reliable Software Network Load Balancer", NSDI 2016, section 3.4).
 //
 // Each endpoint group of a service port with Maglev selection (its
-// Scheduler's, else Config.Selection) has a lookup table of M
+// Scheduler's, else Config.Scheduler) has a lookup table of M
 // entries (M prime, Config.MaglevTableSize), each entry a slot of the
 // group. Every endpoint has a preference list over the entries, the
 // permutation offset, offset+skip, offset+2·skip, ... (mod M), where
@@ -333,12 +335,12 @@ func tableOps(o *ops, old, s *svcState) {
 // group id, and every service port has groups of its own: two service
 // ports with the same endpoints but different selections have one
 // table, or none, each.
-func (b *backend) planTables(s, prev *svcState, sel Selection) {
+func (b *backend) planTables(s, prev *svcState, sel proxier.Scheduler) {
 	for role, g := range s.groups {
 		if g == nil {
 			continue
 		}
-		g.maglev = sel == SelectionMaglev && len(g.eps) > 0 && len(g.eps) <= b.cfg.MaglevTableSize
+		g.maglev = sel == proxier.SchedulerMaglev && len(g.eps) > 0 && len(g.eps) <= b.cfg.MaglevTableSize
 		if !g.maglev || prev == nil {
 			continue
 		}

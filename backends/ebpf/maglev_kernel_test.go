@@ -25,7 +25,7 @@ import (
 // maglevFixture is a fixture whose backend picks with Maglev tables.
 func maglevFixture(t *testing.T, f model.IPFamily, mod func(*Config)) *fixture {
 	return newFixture(t, f, func(c *Config) {
-		c.Selection = SelectionMaglev
+		c.Scheduler = proxier.SchedulerMaglev
 		c.MaxMaglevTables = 64
 		if mod != nil {
 			mod(c)
@@ -318,7 +318,7 @@ func TestMaglevFullSyncRepairs(t *testing.T) {
 	// Random selection: the map (adopted: MaxMaglevTables is set)
 	// holds no row any more; frontends lose the flag.
 	x.b.Close()
-	x.cfg.Selection = SelectionRandom
+	x.cfg.Scheduler = proxier.SchedulerRandom
 	x.b = x.newBackend()
 	x.sync(svcs)
 	x.checkRows()
@@ -648,7 +648,7 @@ func TestMaglevPerServiceOptOut(t *testing.T) {
 		x.wantMaglev(def, "udp", ap(v, 53), 44000)
 		x.wantRandom(out, "udp", ap(v, 54), 44100)
 		x.wantMaglev(odd, "tcp", ap(v, 80), 44200)
-		if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["scheduler"] != "least_conn" || w[0]["using"] != "maglev" {
+		if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["scheduler"] != "least_conn" || w[0]["using"] != "mh" {
 			t.Errorf("warnings about unknown schedulers: %v; want one for least_conn", w)
 		}
 		back := withScheduler(out, "")

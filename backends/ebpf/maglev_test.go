@@ -3,6 +3,7 @@ package ebpf
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"hash/maphash"
 	"log/slog"
 	"math/rand/v2"
@@ -193,7 +194,7 @@ func TestRowWriterView(t *testing.T) {
 // unchanged group keeps its fingerprint (not rebuilt); a service port
 // beyond MaxMaglevTables picks at random; frontends carry the flag.
 func TestPlanTables(t *testing.T) {
-	b := &backend{cfg: Config{Selection: SelectionMaglev, MaglevTableSize: 7, MaxMaglevTables: 2}.WithDefaults(), rows: newRowWriter(7, maphash.MakeSeed()),
+	b := &backend{cfg: Config{Scheduler: proxier.SchedulerMaglev, MaglevTableSize: 7, MaxMaglevTables: 2}.WithDefaults(), rows: newRowWriter(7, maphash.MakeSeed()),
 		warned: newSchedulerWarnings(), log: slog.New(slog.DiscardHandler)}
 	ids := &idAllocator{}
 	e := backendtest.Endpoints
@@ -266,39 +267,49 @@ func TestPlanTables(t *testing.T) {
 	}
 
 	// Random selection: no table, no flag.
-	b.cfg.Selection = SelectionRandom
+	b.cfg.Scheduler = proxier.SchedulerRandom
 	r := mk(sp("r", "10.96.0.9"), e("10.244.1.9:80"), nil)
 	if r.groups[0].maglev || r.fes[0].val.Flags != 0 {
 		t.Errorf("random selection: %+v", r.fes)
 	}
 }
 
-func TestParseSelection(t *testing.T) {
-	for _, s := range []Selection{SelectionRandom, SelectionMaglev} {
-		if got, err := ParseSelection(s.String()); err != nil || got != s {
-			t.Errorf("ParseSelection(%q) = %v, %v", s, got, err)
+// TestConfigScheduler: Config.Scheduler takes the backend's schedulers
+// by any of their names, and rejects another one with the project's one
+// "unsupported" error.
+func TestConfigScheduler(t *testing.T) {
+	for in, want := range map[proxier.Scheduler]proxier.Scheduler{
+		"": proxier.SchedulerRandom, "random": proxier.SchedulerRandom,
+		"mh": proxier.SchedulerMaglev, "Maglev": proxier.SchedulerMaglev,
+	} {
+		c := Config{CgroupPath: "/sys/fs/cgroup", Scheduler: in}.WithDefaults()
+		if err := c.check(); err != nil || c.Scheduler != want {
+			t.Errorf("Scheduler %q: %q, %v; want %q", in, c.Scheduler, err, want)
 		}
 	}
-	if _, err := ParseSelection("roundrobin"); err == nil {
-		t.Error("ParseSelection accepted an unknown name")
+	for _, in := range []proxier.Scheduler{"rr", "roundrobin"} {
+		c := Config{CgroupPath: "/sys/fs/cgroup", Scheduler: in}.WithDefaults()
+		if err := c.check(); !errors.Is(err, proxier.ErrNotSupported) {
+			t.Errorf("Scheduler %q: %v; want an error matching ErrNotSupported", in, err)
+		}
 	}
 }
 
 // TestSchedulerSelection: the Scheduler values a service port can ask
 // for, and what an unknown one gets.
 func TestSchedulerSelection(t *testing.T) {
-	for _, def := range []Selection{SelectionRandom, SelectionMaglev} {
+	for _, def := range []proxier.Scheduler{proxier.SchedulerRandom, proxier.SchedulerMaglev} {
 		for _, c := range []struct {
 			scheduler string
-			want      Selection
+			want      proxier.Scheduler
 			known     bool
 		}{
 			{"", def, true},
-			{"maglev", SelectionMaglev, true},
-			{"mh", SelectionMaglev, true},
-			{"random", SelectionRandom, true},
-			{" MH ", SelectionMaglev, true},
-			{"Random", SelectionRandom, true},
+			{"maglev", proxier.SchedulerMaglev, true},
+			{"mh", proxier.SchedulerMaglev, true},
+			{"random", proxier.SchedulerRandom, true},
+			{" MH ", proxier.SchedulerMaglev, true},
+			{"Random", proxier.SchedulerRandom, true},
 			{"rr", def, false},
 			{"wrr", def, false},
 			{"sh", def, false},
@@ -322,12 +333,12 @@ func TestMaxMaglevTablesDefault(t *testing.T) {
 		want int
 	}{
 		{Config{}, DefaultMaxMaglevTablesRandom},
-		{Config{Selection: SelectionMaglev}, DefaultMaxMaglevTables},
+		{Config{Scheduler: proxier.SchedulerMaglev}, DefaultMaxMaglevTables},
 		{Config{MaxMaglevTables: 10}, 10},
-		{Config{Selection: SelectionMaglev, MaxMaglevTables: 10}, 10},
+		{Config{Scheduler: proxier.SchedulerMaglev, MaxMaglevTables: 10}, 10},
 	} {
 		if got := c.cfg.WithDefaults().MaxMaglevTables; got != c.want {
-			t.Errorf("%v selection, MaxMaglevTables %d: default %d, want %d", c.cfg.Selection, c.cfg.MaxMaglevTables, got, c.want)
+			t.Errorf("%v selection, MaxMaglevTables %d: default %d, want %d", c.cfg.Scheduler, c.cfg.MaxMaglevTables, got, c.want)
 		}
 	}
 	if DefaultMaxMaglevTablesRandom >= DefaultMaxMaglevTables {
@@ -490,7 +501,7 @@ func TestPlanTablesPerService(t *testing.T) {
 
 	// Maglev selection: "random" opts out, an unknown value and no
 	// Scheduler use the proxier's.
-	b.cfg.Selection = SelectionMaglev
+	b.cfg.Scheduler = proxier.SchedulerMaglev
 	if s := mk("opt-out", "10.96.0.7", "random", both); usesTable(s) {
 		t.Errorf("Maglev selection, Scheduler random: %+v uses a table", s.fes)
 	}
@@ -502,7 +513,7 @@ func TestPlanTablesPerService(t *testing.T) {
 	if s := mk("typo2", "10.96.0.9", "least-conn", both); !usesTable(s) {
 		t.Errorf("Maglev selection, unknown Scheduler: %+v", s.fes)
 	}
-	if w := rec.schedulerWarnings(); len(w) != 2 || w[1]["scheduler"] != "least-conn" || w[1]["using"] != "maglev" {
+	if w := rec.schedulerWarnings(); len(w) != 2 || w[1]["scheduler"] != "least-conn" || w[1]["using"] != "mh" {
 		t.Errorf("warnings about unknown schedulers: %v", w)
 	}
 }

@@ -1,42 +1,38 @@
 package ebpf
 
 import (
-	"strings"
 	"sync"
 
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
+
+// schedulers lists the Scheduler values of a service port the
+// backend knows, as the warning about an unknown one names them.
+const schedulers = "mh, maglev, random (or empty for Config.Scheduler)"
 
 // Per-service selection: a service port's Scheduler
 // ([model.ServicePort.Scheduler], the proxykit.io/scheduler annotation)
 // picks its endpoint selection, as Cilium's per-service
 // service.cilium.io/lb-algorithm annotation does. The Maglev maps exist
-// whatever Config.Selection is, so that any service port can ask for a
+// whatever Config.Scheduler is, so that any service port can ask for a
 // table.
 
-// schedulers lists the Scheduler values of a service port the backend
-// knows, as the warning about an unknown one names them.
-const schedulers = "maglev, mh, random (or empty for Config.Selection)"
-
-// schedulerSelection returns the selection a service port's Scheduler
-// asks for: [SelectionMaglev] for "maglev" and "mh" (IPVS's name for
-// Maglev hashing), [SelectionRandom] for "random", def when it is empty.
-// Any other value gets def, and known is false. The value is expected
-// in lower case without surrounding space (as the change tracker makes
+// schedulerSelection returns the scheduler a service port's Scheduler
+// asks for: [proxier.SchedulerMaglev] for "mh" and "maglev",
+// [proxier.SchedulerRandom] for "random", def when it is empty. Any
+// other value gets def, and known is false. The value is expected in
+// lower case without surrounding space (as the change tracker makes
 // it), but is compared without case and space too.
-func schedulerSelection(scheduler string, def Selection) (sel Selection, known bool) {
-	switch scheduler {
-	case "":
+func schedulerSelection(scheduler string, def proxier.Scheduler) (sel proxier.Scheduler, known bool) {
+	if scheduler == "" {
 		return def, true
-	case "maglev", "mh":
-		return SelectionMaglev, true
-	case "random":
-		return SelectionRandom, true
 	}
-	if n := strings.ToLower(strings.TrimSpace(scheduler)); n != scheduler {
-		return schedulerSelection(n, def)
+	s, err := proxier.ResolveScheduler("ebpf", proxier.Scheduler(scheduler), Schedulers())
+	if err != nil {
+		return def, false
 	}
-	return def, false
+	return s, true
 }
 
 // schedulerWarnings remembers, per service port, the unknown Scheduler
@@ -115,13 +111,13 @@ func (w *schedulerWarnings) retain(f model.IPFamily, keep func(model.ServicePort
 }
 
 // selectionFor returns the endpoint selection of sp: the one its
-// Scheduler asks for, else Config.Selection. An unknown Scheduler is
+// Scheduler asks for, else Config.Scheduler. An unknown Scheduler is
 // logged the first time a backend sees it for the service port.
-func (b *backend) selectionFor(sp *model.ServicePort) Selection {
-	sel, known := schedulerSelection(sp.Scheduler, b.cfg.Selection)
+func (b *backend) selectionFor(sp *model.ServicePort) proxier.Scheduler {
+	sel, known := schedulerSelection(sp.Scheduler, b.cfg.Scheduler)
 	if !known && b.warned.first(b.family, sp.Name, sp.Scheduler) {
 		b.log.Warn("unknown scheduler asked for by the service port; it uses the proxier's endpoint selection",
-			"service", sp.Name.String(), "scheduler", sp.Scheduler, "using", b.cfg.Selection.String(), "accepted", schedulers)
+			"service", sp.Name.String(), "scheduler", sp.Scheduler, "using", string(b.cfg.Scheduler), "accepted", schedulers)
 	}
 	return sel
 }
@@ -129,6 +125,6 @@ func (b *backend) selectionFor(sp *model.ServicePort) Selection {
 // unknownScheduler reports whether sp's Scheduler is one the backend
 // does not know.
 func unknownScheduler(sp *model.ServicePort) bool {
-	_, known := schedulerSelection(sp.Scheduler, SelectionRandom)
+	_, known := schedulerSelection(sp.Scheduler, proxier.SchedulerRandom)
 	return !known
 }

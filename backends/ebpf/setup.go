@@ -33,62 +33,38 @@ const (
 	// and within 10% up to 100.
 	DefaultMaglevTableSize = 1021
 	// DefaultMaxMaglevTables is the size of the Maglev table maps, per
-	// family, with [SelectionMaglev]: 68 MB per family at the default
+	// family, with [proxier.SchedulerMaglev]: 68 MB per family at the default
 	// table size.
 	DefaultMaxMaglevTables = 1 << 14
 	// DefaultMaxMaglevTablesRandom is the size of the Maglev table maps,
-	// per family, with [SelectionRandom], where only the service ports
+	// per family, with [proxier.SchedulerRandom], where only the service ports
 	// whose Scheduler asks for Maglev use a table: about 1 MiB per
 	// family at the default table size.
 	DefaultMaxMaglevTablesRandom = 256
 )
 
-// Selection is how the socket programs pick a service's endpoint for a
+// Schedulers returns, in a new slice, the schedulers the backend
+// implements: how the socket programs pick a service's endpoint for a
 // new connection (and, with session affinity, for a client without a
-// live affinity entry). Config.Selection is the proxier's; a service
-// port can ask for another one with its Scheduler
-// ([model.ServicePort.Scheduler], the proxykit.io/scheduler annotation):
-// "maglev" or "mh" (IPVS's name for Maglev hashing) for
-// [SelectionMaglev], "random" for [SelectionRandom]. Empty, or any other
-// value (logged once per service port and value), means
-// Config.Selection.
-type Selection int
-
-const (
-	// SelectionRandom picks an endpoint at random for every connect and
-	// every unconnected UDP datagram. It is the default.
-	SelectionRandom Selection = iota
-	// SelectionMaglev picks by Maglev consistent hashing: every
-	// endpoint group has a lookup table of Config.MaglevTableSize
-	// entries, indexed by a hash of the client socket's identity (its
-	// network namespace, source address and port when it has a local
-	// port; otherwise the socket's cookie). A client identity keeps its
-	// endpoint while the endpoint stays, and when one endpoint of N
-	// leaves or joins, about 1/N of the identities move. See README.md.
-	SelectionMaglev
-)
-
-// String returns "random" or "maglev".
-func (s Selection) String() string {
-	switch s {
-	case SelectionRandom:
-		return "random"
-	case SelectionMaglev:
-		return "maglev"
-	}
-	return fmt.Sprintf("Selection(%d)", int(s))
-}
-
-// ParseSelection returns the Selection named s: "random" (or empty) or
-// "maglev".
-func ParseSelection(s string) (Selection, error) {
-	switch s {
-	case "", "random":
-		return SelectionRandom, nil
-	case "maglev":
-		return SelectionMaglev, nil
-	}
-	return 0, fmt.Errorf("ebpf: unknown endpoint selection %q (want random or maglev)", s)
+// live affinity entry).
+//
+//   - [proxier.SchedulerRandom] picks an endpoint at random for every
+//     connect and every unconnected UDP datagram. It is the default.
+//   - [proxier.SchedulerMaglev] picks by Maglev consistent hashing:
+//     every endpoint group has a lookup table of Config.MaglevTableSize
+//     entries, indexed by a hash of the client socket's identity (its
+//     network namespace, source address and port when it has a local
+//     port; otherwise the socket's cookie). A client identity keeps its
+//     endpoint while the endpoint stays, and when one endpoint of N
+//     leaves or joins, about 1/N of the identities move. See README.md.
+//
+// Config.Scheduler is the proxier's; a service port can ask for another
+// one with its Scheduler ([model.ServicePort.Scheduler], the
+// proxykit.io/scheduler annotation): "mh" or "maglev" (Cilium's name)
+// for Maglev, "random" for random. Empty, or any other value (logged
+// once per service port and value), means Config.Scheduler.
+func Schedulers() []proxier.Scheduler {
+	return []proxier.Scheduler{proxier.SchedulerRandom, proxier.SchedulerMaglev}
 }
 
 // Config configures the eBPF backend. CgroupPath is required; every other
@@ -150,11 +126,13 @@ type Config struct {
 	// [DefaultMaxSockets].
 	MaxSockets int
 
-	// Selection is how an endpoint is picked for a new connection by
+	// Scheduler is how an endpoint is picked for a new connection by
 	// the service ports that do not ask for one of their own: those
-	// whose Scheduler is empty or unknown (see [Selection]). The zero
-	// value is [SelectionRandom].
-	Selection Selection
+	// whose Scheduler is empty or unknown. It is one of [Schedulers]
+	// (Cilium's bpf-lb-algorithm: random or maglev); empty means
+	// [proxier.SchedulerRandom]. Another name fails New with an
+	// [*proxier.UnsupportedError].
+	Scheduler proxier.Scheduler
 	// MaglevTableSize is the number of entries of each Maglev table, a
 	// prime of at most 131071. The larger it is relative to a group's
 	// endpoints, the more evenly they share the clients (about 100
@@ -173,9 +151,9 @@ type Config struct {
 	// Service ports beyond the limit pick at random (a warning is
 	// logged at every sync that leaves one out) until a sync finds
 	// room. Zero means [DefaultMaxMaglevTables] (16,384 tables: 68 MB
-	// per family; 10,000 take 41 MB) with [SelectionMaglev], and
+	// per family; 10,000 take 41 MB) with [proxier.SchedulerMaglev], and
 	// [DefaultMaxMaglevTablesRandom] (256 tables: 1 MiB per family) with
-	// [SelectionRandom], where only service ports whose Scheduler asks
+	// [proxier.SchedulerRandom], where only service ports whose Scheduler asks
 	// for Maglev use a table.
 	MaxMaglevTables int
 }
@@ -186,6 +164,11 @@ func (c Config) WithDefaults() Config {
 	c.Config = c.Config.WithDefaults()
 	if c.TableName == "" {
 		c.TableName = DefaultTableName
+	}
+	if c.Scheduler == "" {
+		c.Scheduler = proxier.SchedulerRandom
+	} else if s, ok := c.Scheduler.Canonical(); ok {
+		c.Scheduler = s
 	}
 	if c.MaxServices <= 0 {
 		c.MaxServices = DefaultMaxServices
@@ -204,7 +187,7 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxMaglevTables <= 0 {
 		c.MaxMaglevTables = DefaultMaxMaglevTablesRandom
-		if c.Selection == SelectionMaglev {
+		if c.Scheduler == proxier.SchedulerMaglev {
 			c.MaxMaglevTables = DefaultMaxMaglevTables
 		}
 	}
@@ -216,8 +199,8 @@ func (c *Config) check() error {
 	if c.CgroupPath == "" {
 		return errors.New("ebpf: Config.CgroupPath is required")
 	}
-	if c.Selection != SelectionRandom && c.Selection != SelectionMaglev {
-		return fmt.Errorf("ebpf: unknown Config.Selection %v", c.Selection)
+	if _, err := proxier.ResolveScheduler("ebpf", c.Scheduler, Schedulers()); err != nil {
+		return err
 	}
 	return checkMaglevTableSize(c.MaglevTableSize)
 }

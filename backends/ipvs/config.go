@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -11,23 +10,36 @@ import (
 
 // Defaults of [Config].
 const (
+	// DefaultScheduler is [proxier.SchedulerRoundRobin], as kube-proxy's.
 	DefaultScheduler                  = "rr"
 	DefaultInterfaceName              = "proxykit-ipvs0"
 	DefaultTableName                  = "proxykit-ipvs"
 	DefaultGracefulTerminationTimeout = 15 * time.Minute
 )
 
-// Schedulers are the IPVS schedulers the backend accepts, by the name
-// the kernel module is known by (ip_vs_NAME).
-var Schedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh"}
+// Schedulers returns, in a new slice, the schedulers the backend
+// implements: every [proxier.Scheduler] but [proxier.SchedulerRandom],
+// each by the name of its kernel module (ip_vs_NAME).
+func Schedulers() []proxier.Scheduler {
+	return []proxier.Scheduler{
+		proxier.SchedulerRoundRobin, proxier.SchedulerWeightedRoundRobin, proxier.SchedulerLeastConnection,
+		proxier.SchedulerWeightedLeastConnection, proxier.SchedulerLocalityLeastConnection,
+		proxier.SchedulerLocalityLeastConnectionReplication, proxier.SchedulerDestinationHashing,
+		proxier.SchedulerSourceHashing, proxier.SchedulerShortestExpectedDelay, proxier.SchedulerNeverQueue,
+		proxier.SchedulerMaglev,
+	}
+}
 
 // Config configures the IPVS backend. The zero value is valid.
 type Config struct {
 	proxier.Config
 
-	// Scheduler is the IPVS scheduler of every virtual server, one of
-	// [Schedulers]. Empty means [DefaultScheduler] (round robin).
-	Scheduler string
+	// Scheduler is the IPVS scheduler of the virtual servers whose
+	// service port asks for none of its own, one of [Schedulers]
+	// ("maglev" is taken as [proxier.SchedulerMaglev]). Empty means
+	// [DefaultScheduler] (round robin); another name fails New with an
+	// [*proxier.UnsupportedError].
+	Scheduler proxier.Scheduler
 	// InterfaceName is the dummy interface that holds the service
 	// addresses. Empty means [DefaultInterfaceName].
 	InterfaceName string
@@ -74,11 +86,14 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// validate checks a configuration with defaults filled in.
+// validate checks a configuration with defaults filled in, and puts its
+// Scheduler in canonical form.
 func (c *Config) validate() error {
-	if !slices.Contains(Schedulers, c.Scheduler) {
-		return fmt.Errorf("ipvs: unknown scheduler %q (one of %s)", c.Scheduler, strings.Join(Schedulers, ", "))
+	s, err := proxier.ResolveScheduler("ipvs", c.Scheduler, Schedulers())
+	if err != nil {
+		return err
 	}
+	c.Scheduler = s
 	if bits := c.MasqueradeBit; bits&(bits-1) != 0 {
 		return fmt.Errorf("ipvs: masquerade bit %#x is not a single bit", bits)
 	}

@@ -337,14 +337,14 @@ func TestKernelSchedulers(t *testing.T) {
 	e := newKernelEnv(t, model.IPv4)
 	p11, p21, from := e.tn.Node1.Pods[0], e.tn.Node2.Pods[0], e.tn.Node1.Pods[2]
 	s := clusterSvc("web", model.TCP, e.vip(1), 80, e.ep(p11, 8080), e.ep(p21, 8080))
-	for _, sched := range Schedulers {
+	for _, sched := range Schedulers() {
 		b := e.backend(Config{Scheduler: sched, StrictARP: true})
 		e.sync(b, request(model.IPv4, []svc{s}))
 		kvs, err := b.ipvs.list()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(kvs) != 1 || kvs[0].Sched != sched {
+		if len(kvs) != 1 || kvs[0].Sched != string(sched) {
 			t.Errorf("%s: kernel holds %+v", sched, kvs)
 		}
 		if r := from.TCP(netip.AddrPortFrom(netip.MustParseAddr(e.vip(1)), 80), probeTimeout); r.Outcome != testnet.Answered {

@@ -107,7 +107,7 @@ type svcObjs struct {
 // renderer turns service ports into [svcObjs].
 type renderer struct {
 	fam        model.IPFamily
-	scheduler  string
+	scheduler  proxier.Scheduler
 	nodeAddrs  []netip.Addr // addresses node ports open on, sorted
 	affinityTO time.Duration
 	log        *slog.Logger // nil: unknown schedulers are not logged
@@ -115,21 +115,22 @@ type renderer struct {
 }
 
 // schedulerFor returns the scheduler of a service port: the one the
-// Service asks for (annotation proxykit.io/scheduler) when it is one of
-// [Schedulers], else the proxier's. An unknown one is logged and ignored,
-// so a typo does not take the service down.
+// Service asks for (annotation proxykit.io/scheduler) when the backend
+// implements it (one of [Schedulers]), else the proxier's. An unknown
+// one is logged and ignored, so a typo does not take the service down.
 func (r *renderer) schedulerFor(sp *model.ServicePort) string {
-	if sp.Scheduler == "" || sp.Scheduler == r.scheduler {
-		return r.scheduler
+	if sp.Scheduler == "" || proxier.Scheduler(sp.Scheduler) == r.scheduler {
+		return string(r.scheduler)
 	}
-	if slices.Contains(Schedulers, sp.Scheduler) {
-		return sp.Scheduler
+	s, err := proxier.ResolveScheduler("ipvs", proxier.Scheduler(sp.Scheduler), Schedulers())
+	if err == nil {
+		return string(s)
 	}
 	if r.log != nil {
 		r.log.Warn("unknown IPVS scheduler asked for by the service, using the proxier's",
-			"service", sp.Name.String(), "scheduler", sp.Scheduler, "using", r.scheduler, "known", strings.Join(Schedulers, ","))
+			"service", sp.Name.String(), "scheduler", sp.Scheduler, "using", r.scheduler, "err", err)
 	}
-	return r.scheduler
+	return string(r.scheduler)
 }
 
 // render computes what one service port needs. It fails for a port it

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 func elemStrings(es []elem) []string {
@@ -176,25 +178,35 @@ func TestRenderRejectsBadInput(t *testing.T) {
 }
 
 func TestSchedulerValidation(t *testing.T) {
-	for _, s := range Schedulers {
+	for _, s := range Schedulers() {
 		c := Config{Scheduler: s}.WithDefaults()
 		if err := c.validate(); err != nil {
 			t.Errorf("%s: %v", s, err)
 		}
 	}
-	for _, c := range []Config{{Scheduler: "fifo"}, {MasqueradeBit: 3}, {InterfaceName: "a-name-longer-than-15"}} {
+	for _, c := range []Config{{Scheduler: "fifo"}, {Scheduler: proxier.SchedulerRandom}, {MasqueradeBit: 3}, {InterfaceName: "a-name-longer-than-15"}} {
 		c = c.WithDefaults()
-		if err := c.validate(); err == nil {
+		err := c.validate()
+		if err == nil {
 			t.Errorf("%+v validated", c)
 		}
+		// A scheduler the backend does not implement is the project's
+		// one "unsupported" error.
+		if c.Scheduler != "rr" && !errors.Is(err, proxier.ErrNotSupported) {
+			t.Errorf("scheduler %q: %v, want an error matching ErrNotSupported", c.Scheduler, err)
+		}
 	}
-	if d := (Config{}).WithDefaults(); d.Scheduler != "rr" || d.InterfaceName != DefaultInterfaceName || !slices.Contains(Schedulers, d.Scheduler) {
+	// Cilium's name of Maglev hashing is IPVS's mh.
+	if c := (Config{Scheduler: " Maglev"}).WithDefaults(); c.validate() != nil || c.Scheduler != proxier.SchedulerMaglev {
+		t.Errorf("maglev: %q", c.Scheduler)
+	}
+	if d := (Config{}).WithDefaults(); d.Scheduler != "rr" || d.InterfaceName != DefaultInterfaceName || !slices.Contains(Schedulers(), d.Scheduler) {
 		t.Errorf("defaults: %+v", d)
 	}
 }
 
 func TestServiceScheduler(t *testing.T) {
-	for _, c := range []struct{ annotated, want string }{{"", "rr"}, {"rr", "rr"}, {"sh", "sh"}, {"mh", "mh"}, {"fifo", "rr"}} {
+	for _, c := range []struct{ annotated, want string }{{"", "rr"}, {"rr", "rr"}, {"sh", "sh"}, {"mh", "mh"}, {"maglev", "mh"}, {"random", "rr"}, {"fifo", "rr"}} {
 		s := clusterSvc("web", model.TCP, "10.96.0.1", 80).With(func(sp *model.ServicePort) {
 			sp.Scheduler = c.annotated
 			sp.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.10")}
