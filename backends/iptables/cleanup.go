@@ -6,10 +6,83 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/proxykit/proxykit/internal/iptables"
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/ownerlock"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
+
+// Cleanup removes, without a proxier, what the backend's proxiers of
+// every flavour left in the namespace cfg.NetNS for the families of
+// cfg.Families: every chain carrying cfg.ChainPrefix (default
+// [DefaultChainPrefix]) and every rule that jumps to one, in every
+// table, with the programs of each flavour installed (cfg.Mode is
+// ignored: a node may have switched flavours). Other rules are not
+// touched; in the nft flavour it then deletes the built-in chains and
+// the tables it left empty, as [proxier.Backend.Cleanup] does. It is
+// for --cleanup, or after switching a node to another backend; it
+// succeeds when there is nothing to remove.
+//
+// The chains of a flavour and family that a live proxier holds are
+// refused and kept: the error wraps "held by a running proxier" and
+// names the holder. Without any iptables program nothing can have been
+// left: the error then matches [proxier.ErrNotSupported].
+func Cleanup(ctx context.Context, cfg Config) error {
+	cfg = cfg.WithDefaults()
+	n, err := newNames(cfg.ChainPrefix)
+	if err != nil {
+		return fmt.Errorf("iptables: %w", err)
+	}
+	ns, err := netns.Open(cfg.NetNS)
+	if err != nil {
+		return fmt.Errorf("iptables: %w", err)
+	}
+	defer ns.Close()
+	var errs []error
+	found := false
+	for _, f := range cfg.Families {
+		for _, fl := range []iptables.Flavour{iptables.Legacy, iptables.NFT} {
+			tools, err := iptables.FindTools(f, fl)
+			if err != nil {
+				continue // not installed: it cannot have left anything
+			}
+			found = true
+			if err := cleanupFlavour(ctx, ns, cfg, n, tools); err != nil {
+				errs = append(errs, fmt.Errorf("iptables: cleanup %s %s: %w", fl, f, err))
+			}
+		}
+	}
+	if !found {
+		return &proxier.UnsupportedError{Backend: "iptables", What: "iptables programs (legacy or nft)"}
+	}
+	return errors.Join(errs...)
+}
+
+// cleanupFlavour removes the chains of one flavour and family, holding
+// the lock a proxier of them holds (see NewBackend).
+func cleanupFlavour(ctx context.Context, ns *netns.NS, cfg Config, n names, tools iptables.Tools) error {
+	lock, err := ownerlock.Acquire(ns, ownerObject(tools.Flavour, tools.Family, cfg.ChainPrefix))
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	r, err := iptables.NewRunner(ctx, ns, tools, cfg.LockWait)
+	if err != nil {
+		return err
+	}
+	log := cfg.Logger.With("backend", "iptables", "family", tools.Family.String())
+	return cleaner{n: n, log: log}.cleanupWith(ctx, r)
+}
+
+// ownerObject is what the proxier of a flavour, family and chain prefix
+// locks (see internal/ownerlock).
+func ownerObject(fl iptables.Flavour, f model.IPFamily, prefix string) string {
+	return fmt.Sprintf("iptables %s %s %s", fl, f, prefix)
+}
 
 // Cleanup removes every chain carrying the backend's prefix and every rule
 // that jumps to one, in every table, whoever created them, in the
@@ -26,20 +99,27 @@ func (b *backend) Cleanup(ctx context.Context) error {
 		return errors.New("iptables: backend is closed")
 	}
 	b.st = nil
-	err := b.cleanupWith(ctx, b.run)
+	c := cleaner{n: b.r.n, log: b.log}
+	err := c.cleanupWith(ctx, b.run)
 	other := iptables.Legacy
 	if b.run.Tools().Flavour == iptables.Legacy {
 		other = iptables.NFT
 	}
 	if tools, terr := iptables.FindTools(b.fam, other); terr == nil {
 		if r, rerr := iptables.NewRunner(ctx, b.ns, tools, b.cfg.LockWait); rerr == nil {
-			err = errors.Join(err, b.cleanupWith(ctx, r))
+			err = errors.Join(err, c.cleanupWith(ctx, r))
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("iptables: cleanup: %w", err)
 	}
 	return nil
+}
+
+// cleaner removes the chains of one chain prefix.
+type cleaner struct {
+	n   names
+	log *slog.Logger
 }
 
 // savedTable is what a *-save output says of one table.
@@ -56,7 +136,7 @@ type savedTable struct {
 }
 
 // parseSave splits a *-save output into tables.
-func (b *backend) parseSave(out []byte) []*savedTable {
+func (n names) parseSave(out []byte) []*savedTable {
 	var tables []*savedTable
 	var cur *savedTable
 	s := bufio.NewScanner(bytes.NewReader(out))
@@ -74,17 +154,17 @@ func (b *backend) parseSave(out []byte) []*savedTable {
 				continue
 			}
 			switch {
-			case b.r.n.owns(f[0]):
+			case n.owns(f[0]):
 				cur.ours = append(cur.ours, f[0])
 			case f[1] != "-":
 				cur.builtin[f[0]] = f[1]
 			}
 		case strings.HasPrefix(l, "-A "):
 			f := strings.Fields(l)
-			if len(f) < 2 || b.r.n.owns(f[1]) {
+			if len(f) < 2 || n.owns(f[1]) {
 				continue
 			}
-			if b.jumpsToOurs(f) {
+			if n.jumpsToOurs(f) {
 				cur.jumps = append(cur.jumps, l)
 			} else {
 				cur.others[f[1]]++
@@ -95,9 +175,9 @@ func (b *backend) parseSave(out []byte) []*savedTable {
 }
 
 // jumpsToOurs reports whether the rule's target (-j or -g) is our chain.
-func (b *backend) jumpsToOurs(fields []string) bool {
+func (n names) jumpsToOurs(fields []string) bool {
 	for i := 0; i+1 < len(fields); i++ {
-		if (fields[i] == "-j" || fields[i] == "-g" || fields[i] == "--jump" || fields[i] == "--goto") && b.r.n.owns(fields[i+1]) {
+		if (fields[i] == "-j" || fields[i] == "-g" || fields[i] == "--jump" || fields[i] == "--goto") && n.owns(fields[i+1]) {
 			return true
 		}
 	}
@@ -105,7 +185,7 @@ func (b *backend) jumpsToOurs(fields []string) bool {
 }
 
 // cleanupWith removes our chains and the jumps to them with runner r.
-func (b *backend) cleanupWith(ctx context.Context, r *iptables.Runner) error {
+func (c cleaner) cleanupWith(ctx context.Context, r *iptables.Runner) error {
 	// Listing every table, rather than naming one, does not make the
 	// legacy kernel create it.
 	out, err := r.Save(ctx, "")
@@ -114,7 +194,7 @@ func (b *backend) cleanupWith(ctx context.Context, r *iptables.Runner) error {
 	}
 	var touched []*savedTable
 	in := newInput(4096)
-	for _, t := range b.parseSave(out) {
+	for _, t := range c.n.parseSave(out) {
 		if len(t.ours) == 0 && len(t.jumps) == 0 {
 			continue
 		}
@@ -137,7 +217,7 @@ func (b *backend) cleanupWith(ctx context.Context, r *iptables.Runner) error {
 	if err := r.Restore(ctx, in.b); err != nil {
 		return err
 	}
-	b.log.Info("removed chains and jumps", "flavour", string(r.Tools().Flavour), "tables", len(touched))
+	c.log.Info("removed chains and jumps", "flavour", string(r.Tools().Flavour), "tables", len(touched))
 	if r.Tools().Flavour != iptables.NFT {
 		// Legacy tables and built-in chains cannot be deleted.
 		return nil
@@ -150,7 +230,7 @@ func (b *backend) cleanupWith(ctx context.Context, r *iptables.Runner) error {
 			// The kernel refuses to delete a chain that has rules, so
 			// one added meanwhile is safe.
 			if _, err := r.Command(ctx, "-t", t.name, "-X", chain); err != nil {
-				b.log.Debug("built-in chain kept", "table", t.name, "chain", chain, "err", err)
+				c.log.Debug("built-in chain kept", "table", t.name, "chain", chain, "err", err)
 			}
 		}
 		if _, err := r.DeleteTableIfEmpty(ctx, t.name); err != nil {

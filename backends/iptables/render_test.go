@@ -542,7 +542,7 @@ COMMIT
 %s
 COMMIT
 `, "-A PREROUTING -j DNAT --to-destination 10.0.0.1"))
-	tables := b.parseSave(save)
+	tables := b.r.n.parseSave(save)
 	if len(tables) != 2 {
 		t.Fatalf("%d tables", len(tables))
 	}
