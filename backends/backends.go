@@ -4,91 +4,152 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
+	"github.com/proxykit/proxykit/backends/ebpf"
 	"github.com/proxykit/proxykit/backends/iptables"
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
 	"github.com/proxykit/proxykit/proxier"
 )
 
-// Constructor builds a backend's Proxier from the shared configuration,
-// with the backend's own options at their defaults.
-type Constructor func(cfg proxier.Config) (proxier.Proxier, error)
+// Config configures whichever backend [New] builds, and what [CleanupAll]
+// removes, the way kube-proxy's KubeProxyConfiguration does: the common
+// part, then one section per backend with the backend's own Config. Only
+// the chosen backend's section is read by New; CleanupAll reads every
+// section for the names of what to remove. The proxier.Config embedded in
+// a section is ignored: the common one takes its place. The zero value is
+// valid for every backend but eBPF, which needs EBPF.CgroupPath.
+type Config struct {
+	// Config is the engine's configuration and the dataplane options
+	// every backend shares.
+	proxier.Config
 
-// registry lists the backends by name.
-var registry = map[string]Constructor{
-	"nftables": func(cfg proxier.Config) (proxier.Proxier, error) {
-		return nftables.New(nftables.Config{Config: cfg})
-	},
-	"iptables": func(cfg proxier.Config) (proxier.Proxier, error) {
-		return iptables.New(iptables.Config{Config: cfg})
-	},
-	// Fails with an error matching proxier.ErrNotSupported on a kernel
-	// without IPVS.
-	"ipvs": func(cfg proxier.Config) (proxier.Proxier, error) {
-		return ipvs.New(ipvs.Config{Config: cfg})
-	},
+	// NFTables are the nftables backend's options (table name,
+	// masquerade bit, ...).
+	NFTables nftables.Config
+	// IPTables are the iptables backend's options (chain prefix,
+	// masquerade bit, flavour, ...).
+	IPTables iptables.Config
+	// IPVS are the IPVS backend's options (scheduler, interface and
+	// table names, masquerade bit, ...).
+	IPVS ipvs.Config
+	// EBPF are the eBPF backend's options. CgroupPath is required to
+	// build it, not to clean it up.
+	EBPF ebpf.Config
 }
 
-// Names returns the names of the backends, sorted.
-func Names() []string {
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
+// The sections with the common configuration in place.
+
+func (c Config) nftables() nftables.Config {
+	s := c.NFTables
+	s.Config = c.Config
+	return s
+}
+
+func (c Config) iptables() iptables.Config {
+	s := c.IPTables
+	s.Config = c.Config
+	return s
+}
+
+func (c Config) ipvs() ipvs.Config {
+	s := c.IPVS
+	s.Config = c.Config
+	return s
+}
+
+func (c Config) ebpf() ebpf.Config {
+	s := c.EBPF
+	s.Config = c.Config
+	return s
+}
+
+// entry is one backend of the registry.
+type entry struct {
+	name string
+	// new builds the backend's Proxier.
+	new func(cfg Config) (proxier.Proxier, error)
+	// cleanup removes what the backend's proxiers left, without one.
+	cleanup func(ctx context.Context, cfg Config) error
+}
+
+// registry lists the backends, sorted by name.
+func registry() []entry {
+	return []entry{
+		{
+			name: "ebpf",
+			new: func(cfg Config) (proxier.Proxier, error) {
+				if cfg.EBPF.CgroupPath == "" {
+					return nil, errors.New("backends: the ebpf backend needs Config.EBPF.CgroupPath, the cgroup v2 directory whose processes' sockets it translates (e.g. /sys/fs/cgroup)")
+				}
+				return ebpf.New(cfg.ebpf())
+			},
+			cleanup: func(ctx context.Context, cfg Config) error { return ebpf.Cleanup(ctx, cfg.ebpf()) },
+		},
+		{
+			name:    "iptables",
+			new:     func(cfg Config) (proxier.Proxier, error) { return iptables.New(cfg.iptables()) },
+			cleanup: func(ctx context.Context, cfg Config) error { return iptables.Cleanup(ctx, cfg.iptables()) },
+		},
+		{
+			// Fails with an error matching proxier.ErrNotSupported on a
+			// kernel without IPVS.
+			name:    "ipvs",
+			new:     func(cfg Config) (proxier.Proxier, error) { return ipvs.New(cfg.ipvs()) },
+			cleanup: func(ctx context.Context, cfg Config) error { return ipvs.Cleanup(ctx, cfg.ipvs()) },
+		},
+		{
+			name:    "nftables",
+			new:     func(cfg Config) (proxier.Proxier, error) { return nftables.New(cfg.nftables()) },
+			cleanup: func(ctx context.Context, cfg Config) error { return nftables.Cleanup(ctx, cfg.nftables()) },
+		},
 	}
-	slices.Sort(names)
+}
+
+// Names returns the names of the backends, sorted: "ebpf", "iptables",
+// "ipvs" and "nftables".
+func Names() []string {
+	var names []string
+	for _, e := range registry() {
+		names = append(names, e.name)
+	}
 	return names
 }
 
-// New returns the named backend's Proxier.
-func New(name string, cfg proxier.Config) (proxier.Proxier, error) {
-	c, ok := registry[name]
-	if !ok {
-		return nil, fmt.Errorf("unknown backend %q (have: %s)", name, strings.Join(Names(), ", "))
+// New returns the named backend's Proxier, configured by cfg's common
+// part and the backend's section. A kernel that lacks what the backend
+// needs fails it with an error matching [proxier.ErrNotSupported], and
+// so does a scheduler the backend does not implement (see
+// [proxier.Scheduler]).
+func New(name string, cfg Config) (proxier.Proxier, error) {
+	for _, e := range registry() {
+		if e.name == name {
+			return e.new(cfg)
+		}
 	}
-	return c(cfg)
+	return nil, fmt.Errorf("unknown backend %q (have: %s)", name, strings.Join(Names(), ", "))
 }
 
-// CleanupAll removes what every backend, with its default names, created in
-// the namespace cfg names, except the backend named keep (empty: remove
-// all). A backend this kernel cannot run is skipped: it cannot have left
-// anything. Use it for --cleanup, and after switching a node to another
-// backend (once the new one has synced, so service never stops).
-func CleanupAll(ctx context.Context, cfg proxier.Config, keep string) error {
-	cfg.NoConntrackCleanup = true
-	cfg.NoServiceHealthChecks = true
+// CleanupAll removes what every backend created in the namespace cfg
+// names (cfg.NetNS, for the families of cfg.Families), except the
+// backend named keep (empty: remove all). The names of what to remove
+// (tables, chain prefixes, interfaces, pin paths) are those of each
+// backend's section of cfg, defaults when unset. Each backend's own
+// Cleanup function does it, without building a proxier. A backend this
+// kernel cannot run is skipped: it cannot have left anything. What a live
+// proxier holds is refused and kept (the error says so). Use it for
+// --cleanup, and after switching a node to another backend (once the new
+// one has synced, so service never stops).
+func CleanupAll(ctx context.Context, cfg Config, keep string) error {
 	var errs []error
-	// The eBPF backend's north-south rules live in an nftables table of
-	// their own; its cgroup programs and pins are where its caller put
-	// them, and its own Cleanup (with that Config) removes them.
-	if keep != "ebpf" {
-		if p, err := nftables.New(nftables.Config{Config: cfg, TableName: "proxykit-ebpf"}); err == nil {
-			if err := p.Cleanup(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("ebpf's nftables table: %w", err))
-			}
-			p.Close()
-		} else if !errors.Is(err, proxier.ErrNotSupported) {
-			errs = append(errs, fmt.Errorf("ebpf's nftables table: %w", err))
-		}
-	}
-	for _, name := range Names() {
-		if name == keep {
+	for _, e := range registry() {
+		if e.name == keep {
 			continue
 		}
-		p, err := New(name, cfg)
-		if err != nil {
-			if errors.Is(err, proxier.ErrNotSupported) {
-				continue
-			}
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			continue
+		if err := e.cleanup(ctx, cfg); err != nil && !errors.Is(err, proxier.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("%s: %w", e.name, err))
 		}
-		if err := p.Cleanup(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-		}
-		p.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -100,7 +161,6 @@ func CleanupAll(ctx context.Context, cfg proxier.Config, keep string) error {
 // named keep, and best effort: a backend whose objects a live proxier
 // holds is refused (see New) and left alone, and every failure is
 // returned, joined, for the caller to log.
-func RemoveLeftovers(ctx context.Context, cfg proxier.Config, keep string) error {
-	lite := proxier.Config{NetNS: cfg.NetNS, Families: cfg.Families, Logger: cfg.Logger}
-	return CleanupAll(ctx, lite, keep)
+func RemoveLeftovers(ctx context.Context, cfg Config, keep string) error {
+	return CleanupAll(ctx, cfg, keep)
 }

@@ -17,8 +17,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/proxykit/proxykit/backends"
+	"github.com/proxykit/proxykit/backends/ebpf"
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
+	"github.com/proxykit/proxykit/internal/cgroup2"
 	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -45,14 +47,54 @@ func objects(pods ...*testnet.Pod) (*v1.Service, *discoveryv1.EndpointSlice) {
 	return svc, slice
 }
 
+// enterCgroup moves the test process into a cgroup v2 of its own, for
+// the eBPF backend's socket programs to see the sockets of every probe,
+// and back at the end. Tests that call it must not run in parallel.
+func enterCgroup(t *testing.T) string {
+	t.Helper()
+	if _, err := cgroup2.Mount(); err != nil {
+		t.Skipf("needs cgroup v2: %v", err)
+	}
+	dir, leave, err := cgroup2.Enter("proxykit-backends-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := leave(); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
+// config is the registry configuration the tests run a backend with in
+// node1: IPv4, fast syncs, and for eBPF a cgroup of the test's own and
+// node1's pods translated.
+func config(t *testing.T, tp *testnet.Topology, name string) backends.Config {
+	cfg := backends.Config{Config: proxier.Config{
+		NetNS: tp.Node1.Path(), NodeName: testnet.Node1Name, Families: []model.IPFamily{model.IPv4},
+		MinSyncInterval: 50 * time.Millisecond, NoServiceHealthChecks: true,
+	}}
+	if name == "ebpf" {
+		cfg.EBPF.CgroupPath = enterCgroup(t)
+		for _, p := range tp.Node1.Pods {
+			cfg.EBPF.PodNetNS = append(cfg.EBPF.PodNetNS, p.Path())
+		}
+	}
+	return cfg
+}
+
 // start runs the named backend in node1 with the objects and waits until
 // it has programmed them.
 func start(t *testing.T, tp *testnet.Topology, name string, svc *v1.Service, slice *discoveryv1.EndpointSlice) (proxier.Proxier, func()) {
 	t.Helper()
-	p, err := backends.New(name, proxier.Config{
-		NetNS: tp.Node1.Path(), NodeName: testnet.Node1Name, Families: []model.IPFamily{model.IPv4},
-		MinSyncInterval: 50 * time.Millisecond, NoServiceHealthChecks: true,
-	})
+	return startWith(t, name, config(t, tp, name), svc, slice)
+}
+
+// startWith is start with a configuration of the caller's.
+func startWith(t *testing.T, name string, cfg backends.Config, svc *v1.Service, slice *discoveryv1.EndpointSlice) (proxier.Proxier, func()) {
+	t.Helper()
+	p, err := backends.New(name, cfg)
 	if errors.Is(err, proxier.ErrNotSupported) {
 		// Not a missing privilege: this kernel lacks what the backend
 		// needs (IPVS here); hack/vmtest.sh ./backends/ runs these tests
@@ -85,27 +127,26 @@ func start(t *testing.T, tp *testnet.Topology, name string, svc *v1.Service, sli
 func residue(t *testing.T, ns *testnet.NS, backend string) string {
 	t.Helper()
 	var out []string
+	tables := func(name string) {
+		tables, err := ns.Exec(t.Context(), "nft", "list", "tables")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(tables, "\n") {
+			if strings.HasSuffix(l, " "+name) {
+				out = append(out, l)
+			}
+		}
+	}
 	switch backend {
 	case "nftables":
-		tables, err := ns.Exec(t.Context(), "nft", "list", "tables")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range strings.Split(tables, "\n") {
-			if strings.HasSuffix(l, " "+nftables.DefaultTableName) {
-				out = append(out, l)
-			}
-		}
+		tables(nftables.DefaultTableName)
+	case "ebpf":
+		// Without a pin path, the programs go with the proxier: only
+		// the north-south table can stay.
+		tables(ebpf.DefaultTableName)
 	case "ipvs":
-		tables, err := ns.Exec(t.Context(), "nft", "list", "tables")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range strings.Split(tables, "\n") {
-			if strings.HasSuffix(l, " "+ipvs.DefaultTableName) {
-				out = append(out, l)
-			}
-		}
+		tables(ipvs.DefaultTableName)
 		if _, err := ns.Exec(t.Context(), "ip", "link", "show", ipvs.DefaultInterfaceName); err == nil {
 			out = append(out, "interface "+ipvs.DefaultInterfaceName)
 		}
@@ -154,7 +195,7 @@ func TestCleanupAllRemovesEveryBackend(t *testing.T) {
 			if residue(t, tp.Node1.NS, name) == "" {
 				t.Fatalf("%s left nothing to clean up; the test proves nothing", name)
 			}
-			if err := backends.CleanupAll(t.Context(), proxier.Config{NetNS: tp.Node1.Path()}, ""); err != nil {
+			if err := backends.CleanupAll(t.Context(), backends.Config{Config: proxier.Config{NetNS: tp.Node1.Path()}}, ""); err != nil {
 				t.Fatal(err)
 			}
 			if r := residue(t, tp.Node1.NS, name); r != "" {
@@ -210,7 +251,7 @@ func TestMigration(t *testing.T) {
 				}()
 				start(t, tp, to, svc, slice)
 				stopOld()
-				if err := backends.CleanupAll(t.Context(), proxier.Config{NetNS: tp.Node1.Path()}, to); err != nil {
+				if err := backends.CleanupAll(t.Context(), backends.Config{Config: proxier.Config{NetNS: tp.Node1.Path()}}, to); err != nil {
 					t.Fatal(err)
 				}
 				time.Sleep(300 * time.Millisecond)
@@ -249,7 +290,7 @@ func TestRemoveLeftovers(t *testing.T) {
 				tp := testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 				svc, slice := objects(tp.Pods[0])
 				_, stopOld := start(t, tp, old, svc, slice)
-				cfg := proxier.Config{NetNS: tp.Node1.Path(), Families: []model.IPFamily{model.IPv4}}
+				cfg := backends.Config{Config: proxier.Config{NetNS: tp.Node1.Path(), Families: []model.IPFamily{model.IPv4}}}
 				// While the old proxier lives, its dataplane stays.
 				err := backends.RemoveLeftovers(t.Context(), cfg, cur)
 				if !errors.Is(err, ownerlock.ErrHeld) || residue(t, tp.Node1.NS, old) == "" {

@@ -46,7 +46,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		err = errors.Join(err, removePins(cfg.PinPath))
 	}
 	if err == nil {
-		cfg.Logger.Info("cleaned up", "backend", "ebpf", "table", cfg.TableName, "pins", cfg.PinPath)
+		cfg.Logger.Debug("cleaned up", "backend", "ebpf", "table", cfg.TableName, "pins", cfg.PinPath)
 	}
 	return err
 }

@@ -71,7 +71,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	if err := c.run(nil); err != nil {
 		return err
 	}
-	cfg.Logger.Info("cleaned up", "backend", "ipvs", "table", cfg.TableName, "interface", cfg.InterfaceName)
+	cfg.Logger.Debug("cleaned up", "backend", "ipvs", "table", cfg.TableName, "interface", cfg.InterfaceName)
 	return nil
 }
 

@@ -61,7 +61,7 @@ func cleanupFamily(ns *netns.NS, cfg Config, f model.IPFamily) error {
 	if err := deleteTable(c, familyInfoOf(f).proto, cfg.TableName); err != nil {
 		return err
 	}
-	cfg.Logger.Info("deleted table if any", "backend", "nftables", "family", f.String(), "table", cfg.TableName)
+	cfg.Logger.Debug("deleted table if any", "backend", "nftables", "family", f.String(), "table", cfg.TableName)
 	return nil
 }
 

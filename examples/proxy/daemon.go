@@ -36,6 +36,42 @@ type options struct {
 	netns             string
 	keepLeftovers     bool
 	logger            *slog.Logger
+
+	// Backend options.
+	masqueradeMark uint32            // 1 << kube-proxy's --iptables-masquerade-bit; 0: the default
+	scheduler      proxier.Scheduler // ipvs and ebpf
+	ipvsStrictARP  bool
+	ebpfCgroup     string
+	ebpfAllNetNS   bool
+	ebpfPinPath    string
+	ebpfSocketOnly bool
+}
+
+// check reports options that cannot work together.
+func (o options) check() error {
+	if o.backend == "nftables" || o.backend == "iptables" {
+		if s, _ := o.scheduler.Canonical(); s != "" && s != proxier.SchedulerRandom {
+			return fmt.Errorf("--scheduler %s: the %s backend picks endpoints at random; schedulers are for ipvs and ebpf", o.scheduler, o.backend)
+		}
+	}
+	return nil
+}
+
+// config is the registry configuration the options describe: the
+// proxier's, and each backend's section.
+func (o options) config(reg prometheus.Registerer) backends.Config {
+	cfg := backends.Config{Config: o.proxierConfig(reg)}
+	cfg.NFTables.MasqueradeBit = o.masqueradeMark
+	cfg.IPTables.MasqueradeBit = o.masqueradeMark
+	cfg.IPVS.MasqueradeBit = o.masqueradeMark
+	cfg.IPVS.Scheduler = o.scheduler
+	cfg.IPVS.StrictARP = o.ipvsStrictARP
+	cfg.EBPF.Scheduler = o.scheduler
+	cfg.EBPF.CgroupPath = o.ebpfCgroup
+	cfg.EBPF.AllNetNS = o.ebpfAllNetNS
+	cfg.EBPF.PinPath = o.ebpfPinPath
+	cfg.EBPF.SocketOnly = o.ebpfSocketOnly
+	return cfg
 }
 
 // proxierConfig is the proxier configuration the options describe.
@@ -82,7 +118,10 @@ func (d *daemon) run(ctx context.Context) (err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := o.proxierConfig(reg)
+	if err := o.check(); err != nil {
+		return err
+	}
+	cfg := o.config(reg)
 	p, err := backends.New(o.backend, cfg)
 	if err != nil {
 		return err
@@ -194,9 +233,29 @@ func healthHandler(p proxier.Proxier, timeout time.Duration) http.Handler {
 }
 
 // runCleanup removes what every backend programmed in the namespace the
-// options name (--cleanup).
+// options name (--cleanup), under the names the options give (e.g. the
+// eBPF backend's pin path).
 func runCleanup(ctx context.Context, o options) error {
-	return backends.CleanupAll(ctx, proxier.Config{NetNS: o.netns, Logger: o.logger}, "")
+	return backends.CleanupAll(ctx, o.config(nil), "")
+}
+
+// schedulerFlag is a flag naming a [proxier.Scheduler].
+type schedulerFlag struct{ s *proxier.Scheduler }
+
+func (f schedulerFlag) String() string {
+	if f.s == nil {
+		return ""
+	}
+	return string(*f.s)
+}
+
+func (f schedulerFlag) Set(v string) error {
+	s, ok := proxier.Scheduler(v).Canonical()
+	if !ok {
+		return fmt.Errorf("unknown scheduler %q", v)
+	}
+	*f.s = s
+	return nil
 }
 
 // prefixList is a flag of comma-separated CIDRs.

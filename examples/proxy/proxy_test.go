@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -24,6 +25,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/proxier"
+	"github.com/proxykit/proxykit/sandbox"
 )
 
 var clusterIP = netip.MustParseAddr("10.96.0.10")
@@ -87,19 +90,26 @@ func get(t *testing.T, url string) (int, string) {
 }
 
 // TestProxy runs the daemon against a fake API server (client-go's fake
-// clientset behind real informers) with the nftables backend programming
-// node1 of a sandbox, and checks that Services and EndpointSlices created,
-// changed through the API reach the kernel: traffic to the cluster IP and
-// the node port lands on the right pods. It checks /healthz, /livez and
+// clientset behind real informers) with a backend programming node1 of a
+// sandbox, and checks that Services and EndpointSlices created, changed
+// through the API reach the kernel: traffic to the cluster IP and the
+// node port lands on the right pods. It checks /healthz, /livez and
 // /metrics, that stopping the daemon leaves the dataplane in place, and
-// that --cleanup removes it.
+// that --cleanup removes it. It runs the nftables backend, and the eBPF
+// one with its own options (a cgroup of the test's own, a pin path).
 func TestProxy(t *testing.T) {
 	testnet.RequireRoot(t)
+	for _, backend := range []string{"nftables", "ebpf"} {
+		t.Run(backend, func(t *testing.T) { testProxy(t, backend) })
+	}
+}
+
+func testProxy(t *testing.T, backend string) {
 	tp := testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	p1, p2 := tp.Node1.Pods[0], tp.Node2.Pods[0]
 	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: testnet.Node1Name}})
 	o := options{
-		backend:       "nftables",
+		backend:       backend,
 		nodeName:      testnet.Node1Name,
 		netns:         tp.Node1.Path(),
 		clusterCIDRs:  []netip.Prefix{testnet.PodNetworkIPv4, testnet.PodNetworkIPv6},
@@ -108,6 +118,24 @@ func TestProxy(t *testing.T) {
 		metricsAddr:   "127.0.0.1:0",
 		healthzAddr:   "127.0.0.1:0",
 		logger:        slog.New(slog.NewTextHandler(testLog{t}, nil)),
+	}
+	if backend == "ebpf" {
+		// The probes are this process's goroutines: the socket
+		// programs attach to a cgroup the process moves into, and
+		// translate node1's sockets; the client outside takes the
+		// north-south table. Pinned, the programs outlive the daemon.
+		cg, err := sandbox.EnterCgroup("proxykit-proxy-test-")
+		if err != nil {
+			t.Skipf("needs cgroup v2: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := cg.Leave(); err != nil {
+				t.Error(err)
+			}
+		})
+		o.ebpfCgroup = cg.Path()
+		o.ebpfPinPath = bpffs(t)
+		o.scheduler = proxier.SchedulerMaglev
 	}
 	d := &daemon{opts: o, client: client, ready: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -170,6 +198,26 @@ func TestProxy(t *testing.T) {
 	if r := tp.Node1.TCP(vip, 500*time.Millisecond); r.Outcome == testnet.Answered {
 		t.Errorf("after --cleanup the service still answers: %v", r)
 	}
+	if o.ebpfPinPath != "" {
+		if es, err := os.ReadDir(o.ebpfPinPath); err != nil || len(es) > 2 { // maps.debug, progs.debug
+			t.Errorf("after --cleanup the pin path holds %v (%v)", es, err)
+		}
+	}
+}
+
+// bpffs mounts a bpffs of the test's own and returns its directory.
+func bpffs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount bpffs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs: %v", err)
+		}
+	})
+	return dir
 }
 
 // testLog writes log lines to the test log.
@@ -230,6 +278,31 @@ users:
 	}
 	if _, err := loadKubeconfig(filepath.Join(dir, "missing")); err == nil {
 		t.Error("a missing file loaded")
+	}
+}
+
+// TestSchedulerFlag checks the scheduler flag and the options that
+// cannot go with it.
+func TestSchedulerFlag(t *testing.T) {
+	var s proxier.Scheduler
+	f := schedulerFlag{&s}
+	if err := f.Set("Maglev"); err != nil || s != proxier.SchedulerMaglev || f.String() != "mh" {
+		t.Errorf("maglev: %q, %v", s, err)
+	}
+	if err := f.Set("fifo"); err == nil {
+		t.Error("fifo accepted")
+	}
+	if err := (options{backend: "nftables", scheduler: proxier.SchedulerSourceHashing}).check(); err == nil {
+		t.Error("--scheduler sh accepted for nftables")
+	}
+	for _, o := range []options{{backend: "nftables", scheduler: proxier.SchedulerRandom}, {backend: "ipvs", scheduler: proxier.SchedulerSourceHashing}} {
+		if err := o.check(); err != nil {
+			t.Errorf("%+v: %v", o, err)
+		}
+	}
+	cfg := options{scheduler: proxier.SchedulerMaglev, ebpfCgroup: "/sys/fs/cgroup", masqueradeMark: 0x10}.config(nil)
+	if cfg.IPVS.Scheduler != proxier.SchedulerMaglev || cfg.EBPF.Scheduler != proxier.SchedulerMaglev || cfg.EBPF.CgroupPath != "/sys/fs/cgroup" || cfg.NFTables.MasqueradeBit != 0x10 {
+		t.Errorf("config: %+v", cfg)
 	}
 }
 
