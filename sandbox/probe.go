@@ -63,14 +63,12 @@ func (o Outcome) Silent() bool { return o == Dropped || o == TimedOut }
 type Result struct {
 	// Outcome says how the probe ended.
 	Outcome Outcome
-	// Server is the name of the pod that answered, e.g. "node1-pod2";
-	// Proto its protocol ("tcp", "udp" or "sctp"); Port its local port,
-	// which is a service's target port; Source the client address it saw.
-	// They are set when Outcome is [Answered].
+	// Server is the name of the pod that answered, e.g. "node1-pod2".
+	// It and the fields below are set when Outcome is [Answered].
 	Server string
-	Proto  string
-	Port   uint16
-	Source netip.AddrPort
+	Proto  string         // the server's protocol: "tcp", "udp" or "sctp"
+	Port   uint16         // the server's local port: a service's target port
+	Source netip.AddrPort // the client address the server saw
 	// Err is the error behind any outcome but [Answered].
 	Err error
 	// Elapsed is how long the probe took.

@@ -131,7 +131,7 @@ func newProxier(p proxierParams, cfg proxier.Config) (proxier.Proxier, error) {
 		}
 		if p.Backend == "ebpf-maglev" {
 			// One table per endpoint group: every service has its own.
-			c.Selection = ebpf.SelectionMaglev
+			c.Scheduler = proxier.SchedulerMaglev
 			c.MaxMaglevTables = max(ebpf.DefaultMaxMaglevTables, roundPow2(p.Size.Services+64))
 		}
 		return ebpf.New(c)

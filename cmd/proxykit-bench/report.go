@@ -248,7 +248,7 @@ func markdown(rep *Report, o Options) string {
 	p("measured service, which are two real servers in two pods of the node.\n")
 	p("The eBPF backend runs three ways: with its nftables table for traffic from outside\n")
 	p("the node, socket programs only, and socket programs only with Maglev selection\n")
-	p("(`Config.Selection`; every service has its own endpoints, so its own Maglev table).\n\n")
+	p("(`Config.Scheduler`; every service has its own endpoints, so its own Maglev table).\n\n")
 	p("- **first full sync**: for a proxykit backend, a child process (this tool re-executed)\n")
 	p("  creates the backend's proxier for the node's namespace, delivers every Service and\n")
 	p("  EndpointSlice to its handlers, then starts `Run` and times until `Flush` returns: the\n")

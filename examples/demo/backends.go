@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/proxykit/proxykit/backends"
+	"github.com/proxykit/proxykit/backends/ebpf"
 	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/sandbox"
 )
@@ -18,12 +20,9 @@ import (
 type lister func(ctx context.Context, w io.Writer, node *sandbox.Node, name func(netip.Addr) string) error
 
 // backend is one dataplane the demo can run: every backend of the
-// backends package, and eBPF, with the listings the demo knows for each.
+// backends package, with the listings the demo knows for each.
 type backend struct {
 	name string
-	// start builds the proxier; release, when not nil, undoes what start
-	// set up besides it, after the proxier is closed.
-	start func(cfg proxier.Config, sb *sandbox.Sandbox) (p proxier.Proxier, release func() error, err error)
 	// show prints the decoded summary; nil when the demo has none.
 	show lister
 	// raw prints the dataplane tool's own listing (--nft); may be nil.
@@ -35,34 +34,46 @@ type backend struct {
 var listers = map[string]struct{ show, raw lister }{
 	"nftables": {show: showNftables, raw: rawNftables},
 	"iptables": {show: showIptables, raw: rawIptables},
-	"ebpf":     {show: showEBPF, raw: rawNftTable("proxykit-ebpf")},
+	"ebpf":     {show: showEBPF, raw: rawNftTable(ebpf.DefaultTableName)},
 	"ipvs":     {show: showIPVS},
 }
 
-// ebpfName is the eBPF backend, which the backends package does not
-// register: it needs a cgroup to attach to, which the demo makes (see
-// newEBPF).
-const ebpfName = "ebpf"
-
-func backendNames() []string {
-	names := append(backends.Names(), ebpfName)
-	slices.Sort(names)
-	return names
-}
-
 func lookupBackend(name string) (backend, error) {
-	if !slices.Contains(backendNames(), name) {
-		return backend{}, fmt.Errorf("unknown backend %q (available: %s)", name, strings.Join(backendNames(), ", "))
+	if !slices.Contains(backends.Names(), name) {
+		return backend{}, fmt.Errorf("unknown backend %q (available: %s)", name, strings.Join(backends.Names(), ", "))
 	}
 	l := listers[name]
-	b := backend{name: name, show: l.show, raw: l.raw}
-	if name == ebpfName {
-		b.start = newEBPF
-	} else {
-		b.start = func(cfg proxier.Config, _ *sandbox.Sandbox) (proxier.Proxier, func() error, error) {
-			p, err := backends.New(name, cfg)
-			return p, nil, err
+	return backend{name: name, show: l.show, raw: l.raw}, nil
+}
+
+// start builds the backend's proxier for the sandbox through the
+// registry. release, when not nil, undoes what start set up besides the
+// proxier; call it after the proxier is closed.
+//
+// The eBPF backend's socket programs translate the sockets of processes
+// in a cgroup; the demo's probes and servers are goroutines of this
+// process, so for it the demo creates a cgroup v2 of its own, moves
+// itself into it and attaches there: no other process of the machine is
+// affected. Its pods' namespaces get the socket programs too.
+func (b backend) start(cfg proxier.Config, sb *sandbox.Sandbox) (p proxier.Proxier, release func() error, err error) {
+	bc := backends.Config{Config: cfg}
+	if b.name == "ebpf" {
+		cg, err := sandbox.EnterCgroup("proxykit-demo-")
+		if err != nil {
+			return nil, nil, fmt.Errorf("a cgroup v2 for the socket programs: %w", err)
+		}
+		release = cg.Leave
+		bc.EBPF.CgroupPath = cg.Path()
+		for _, pod := range sb.Node1.Pods {
+			bc.EBPF.PodNetNS = append(bc.EBPF.PodNetNS, pod.NetNSPath())
 		}
 	}
-	return b, nil
+	p, err = backends.New(b.name, bc)
+	if err != nil {
+		if release != nil {
+			err = errors.Join(err, release())
+		}
+		return nil, nil, err
+	}
+	return p, release, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/backends"
 	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/proxier/static"
 	"github.com/proxykit/proxykit/sandbox"
@@ -97,7 +98,7 @@ func noNamespacesLeft(t *testing.T, out string) {
 // as each service's kind requires, and that it tears the sandbox down.
 func TestDemo(t *testing.T) {
 	sandbox.RequirePrivilege(t)
-	for _, name := range backendNames() {
+	for _, name := range backends.Names() {
 		t.Run(name, func(t *testing.T) { testDemo(t, name) })
 	}
 }
@@ -170,7 +171,7 @@ func testDemo(t *testing.T, backend string) {
 	if !strings.Contains(o, "What "+backend+" programmed in node1") {
 		t.Errorf("no listing of what %s programmed", backend)
 	}
-	if backend == ebpfName {
+	if backend == "ebpf" {
 		if left, _ := filepath.Glob("/sys/fs/cgroup/*/proxykit-demo-*"); len(left) > 0 {
 			t.Errorf("cgroups left behind: %v", left)
 		}

@@ -8,11 +8,13 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/proxykit/proxykit/backends"
 )
 
 func main() {
 	var o options
-	flag.StringVar(&o.backend, "backend", "nftables", "dataplane backend: "+strings.Join(backendNames(), ", "))
+	flag.StringVar(&o.backend, "backend", "nftables", "dataplane backend: "+strings.Join(backends.Names(), ", "))
 	flag.StringVar(&o.services, "services", "", "YAML file of Services and EndpointSlices (default: the bundled services.yaml)")
 	flag.BoolVar(&o.watch, "watch", false, "keep running: re-read the file, reprogram and probe again on every change, until Ctrl-C")
 	flag.BoolVar(&o.keep, "keep", false, "on exit, leave the sandbox's namespaces and the backend's rules in place for inspection")

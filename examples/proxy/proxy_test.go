@@ -24,7 +24,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/sandbox"
 )
@@ -43,7 +42,7 @@ func webService() *v1.Service {
 	}
 }
 
-func webSlice(pods ...*testnet.Pod) *discoveryv1.EndpointSlice {
+func webSlice(pods ...*sandbox.Pod) *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "demo", Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -59,13 +58,13 @@ func webSlice(pods ...*testnet.Pod) *discoveryv1.EndpointSlice {
 // answeredBy probes dst from h until eight requests in a row are
 // answered by exactly the pods want (each seen, no other), within 10 s,
 // and fails the test otherwise.
-func answeredBy(t *testing.T, h *testnet.Host, dst netip.AddrPort, want ...string) {
+func answeredBy(t *testing.T, h *sandbox.Host, dst netip.AddrPort, want ...string) {
 	t.Helper()
-	var last testnet.Result
+	var last sandbox.Result
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		got, all := map[string]bool{}, true
 		for range 8 {
-			if last = h.TCP(dst, time.Second); last.Outcome != testnet.Answered || !slices.Contains(want, last.Server) {
+			if last = h.TCP(dst, time.Second); last.Outcome != sandbox.Answered || !slices.Contains(want, last.Server) {
 				all = false
 				break
 			}
@@ -98,21 +97,29 @@ func get(t *testing.T, url string) (int, string) {
 // that --cleanup removes it. It runs the nftables backend, and the eBPF
 // one with its own options (a cgroup of the test's own, a pin path).
 func TestProxy(t *testing.T) {
-	testnet.RequireRoot(t)
+	sandbox.RequirePrivilege(t)
 	for _, backend := range []string{"nftables", "ebpf"} {
 		t.Run(backend, func(t *testing.T) { testProxy(t, backend) })
 	}
 }
 
 func testProxy(t *testing.T, backend string) {
-	tp := testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})
+	tp, err := sandbox.New(t.Context(), sandbox.Options{Node1Pods: 1, Node2Pods: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tp.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	p1, p2 := tp.Node1.Pods[0], tp.Node2.Pods[0]
-	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: testnet.Node1Name}})
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: tp.Node1.Name}})
 	o := options{
 		backend:       backend,
-		nodeName:      testnet.Node1Name,
-		netns:         tp.Node1.Path(),
-		clusterCIDRs:  []netip.Prefix{testnet.PodNetworkIPv4, testnet.PodNetworkIPv6},
+		nodeName:      tp.Node1.Name,
+		netns:         tp.Node1.NetNSPath(),
+		clusterCIDRs:  tp.PodNetworks(),
 		minSyncPeriod: 50 * time.Millisecond,
 		syncPeriod:    30 * time.Second,
 		metricsAddr:   "127.0.0.1:0",
@@ -195,7 +202,7 @@ func testProxy(t *testing.T, backend string) {
 	if err := runCleanup(cctx, o); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	if r := tp.Node1.TCP(vip, 500*time.Millisecond); r.Outcome == testnet.Answered {
+	if r := tp.Node1.TCP(vip, 500*time.Millisecond); r.Outcome == sandbox.Answered {
 		t.Errorf("after --cleanup the service still answers: %v", r)
 	}
 	if o.ebpfPinPath != "" {
