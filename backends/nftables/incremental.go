@@ -2,12 +2,14 @@ package nftables
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -196,7 +198,7 @@ func grouped(svc *model.ServicePortName, bySet map[string][]elem) []elemOp {
 	return ops
 }
 
-func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
+func (b *backend) syncIncremental(ctx context.Context, req *proxier.SyncRequest) error {
 	start := time.Now()
 	skip := map[model.ServicePortName]error{}
 	for attempt := 0; ; attempt++ {
@@ -206,7 +208,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 		}
 		built := time.Now()
 		if tx.Len() > 0 {
-			err = b.conn.commit(tx)
+			err = b.conn.Commit(ctx, tx)
 		}
 		if err == nil {
 			d.apply()
@@ -224,7 +226,7 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 
 // buildIncremental renders the changed service ports (except those in
 // skip, which keep what they have) and builds the transaction.
-func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.ServicePortName]error) (*delta, *batch, map[model.ServicePortName]error, error) {
+func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.ServicePortName]error) (*delta, *nftnl.Batch, map[model.ServicePortName]error, error) {
 	st := b.st
 	d := newDelta(st)
 	errs := map[model.ServicePortName]error{}
@@ -430,9 +432,9 @@ func (b *backend) diffShared(p *plan, d *delta) {
 			key := []byte(k)
 			switch {
 			case before == 0 && after > 0:
-				adds[set] = append(adds[set], elem{key: key})
+				adds[set] = append(adds[set], elem{Key: key})
 			case before > 0 && after <= 0:
-				dels[set] = append(dels[set], elem{key: key})
+				dels[set] = append(dels[set], elem{Key: key})
 			}
 		}
 	}
@@ -441,8 +443,8 @@ func (b *backend) diffShared(p *plan, d *delta) {
 // incrementalBatch orders p's operations so every reference is valid at
 // each step: chains exist before rules and elements point to them, and
 // elements and rules that point to a chain go before it.
-func (b *backend) incrementalBatch(p *plan) (*batch, error) {
-	tx := newBatch(b.fi.proto, b.cfg.TableName)
+func (b *backend) incrementalBatch(p *plan) (*nftnl.Batch, error) {
+	tx := nftnl.NewBatch(b.fi.proto, b.cfg.TableName)
 	// Shard objects first used: sets, then the shared chains that read
 	// them.
 	var newShared []*chainObj
@@ -452,62 +454,62 @@ func (b *backend) incrementalBatch(p *plan) (*batch, error) {
 			return nil, err
 		}
 		if o.set != nil {
-			tx.addSet(o.set)
+			tx.AddSet(o.set)
 			continue
 		}
-		tx.addChain(o.chain.name, nil)
+		tx.AddChain(o.chain.name, nil)
 		newShared = append(newShared, o.chain)
 	}
 	for _, c := range newShared {
 		for _, r := range c.enc {
-			tx.addRule(c.name, r)
+			tx.AddRule(c.name, r)
 		}
 	}
 	for _, c := range p.newChains {
-		tx.forService(p.owner[c.name])
-		tx.addChain(c.name, nil)
+		tx.SetOwner(owner(p.owner[c.name]))
+		tx.AddChain(c.name, nil)
 	}
 	for _, c := range p.changedChains {
-		tx.forService(p.owner[c.name])
-		tx.flushChain(c.name)
+		tx.SetOwner(owner(p.owner[c.name]))
+		tx.FlushChain(c.name)
 	}
 	for _, op := range p.delElems {
-		tx.forService(op.svc)
-		tx.delElems(op.set, op.elems)
+		tx.SetOwner(owner(op.svc))
+		tx.DelElems(op.set, op.elems)
 	}
 	slices.SortFunc(p.delChains, func(a, b string) int { return deleteOrder(a) - deleteOrder(b) })
 	for _, c := range p.delChains {
-		tx.forService(p.owner[c])
-		tx.delChain(c)
+		tx.SetOwner(owner(p.owner[c]))
+		tx.DelChain(c)
 	}
 	// Shard objects left unused, once nothing refers to them: shared
 	// chains, then sets.
-	tx.forService(nil)
+	tx.SetOwner(owner(nil))
 	for _, ref := range p.delObjects {
 		if ref.isSet() {
-			tx.delSet(ref.name())
+			tx.DelSet(ref.name())
 		} else {
-			tx.delChain(ref.name())
+			tx.DelChain(ref.name())
 		}
 	}
 	for _, c := range slices.Concat(p.newChains, p.changedChains) {
 		if c.enc == nil {
 			if err := b.r.encode(c); err != nil {
-				tx.setErr(err)
+				tx.SetErr(err)
 				continue
 			}
 		}
-		tx.forService(p.owner[c.name])
+		tx.SetOwner(owner(p.owner[c.name]))
 		for _, r := range c.enc {
-			tx.addRule(c.name, r)
+			tx.AddRule(c.name, r)
 		}
 	}
 	for _, op := range p.addElems {
-		tx.forService(op.svc)
+		tx.SetOwner(owner(op.svc))
 		if rangeSet(op.set) {
 			sortElems(op.elems)
 		}
-		tx.addElems(op.set, op.elems)
+		tx.AddElems(op.set, op.elems)
 	}
 	return tx, nil
 }

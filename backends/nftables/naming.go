@@ -7,9 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables"
-	"golang.org/x/sys/unix"
-
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
 )
 
@@ -108,65 +106,31 @@ func sharedChain(kind string, shard uint32) string {
 	return fmt.Sprintf("%s%03d", kind, shard)
 }
 
-// Registers. nf_tables has sixteen 32-bit registers (NFT_REG32_00..15);
-// concatenated keys occupy consecutive ones. The kernel only lets a rule
-// read registers it wrote itself.
-func reg(n uint32) uint32 { return unix.NFT_REG32_00 + n }
-
-// regVerdict is the verdict register, the destination of a vmap lookup.
-const regVerdict = unix.NFT_REG_VERDICT
-
-// familyInfo holds what differs between IPv4 and IPv6.
+// familyInfo holds what differs between IPv4 and IPv6: internal/nftnl's
+// family facts, plus the two the backend's files name most, under short
+// names (fam is Family.IP, proto Family.Proto).
 type familyInfo struct {
-	fam         model.IPFamily
-	proto       byte // NFPROTO_IPV4 or NFPROTO_IPV6
-	tableFam    nftables.TableFamily
-	addrLen     uint32 // 4 or 16
-	saddrOff    uint32 // in the network header
-	daddrOff    uint32
-	addrType    nftables.SetDatatype
-	portUnreach uint8 // ICMP code for "port unreachable"
+	nftnl.Family
+	fam   model.IPFamily
+	proto byte // NFPROTO_IPV4 or NFPROTO_IPV6
 }
 
 func familyInfoOf(f model.IPFamily) familyInfo {
-	if f == model.IPv6 {
-		return familyInfo{fam: f, proto: unix.NFPROTO_IPV6, tableFam: nftables.TableFamilyIPv6,
-			addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr, portUnreach: 4}
-	}
-	return familyInfo{fam: f, proto: unix.NFPROTO_IPV4, tableFam: nftables.TableFamilyIPv4,
-		addrLen: 4, saddrOff: 12, daddrOff: 16, addrType: nftables.TypeIPAddr, portUnreach: 3}
+	nf := nftnl.FamilyOf(f)
+	return familyInfo{Family: nf, fam: nf.IP, proto: nf.Proto}
 }
-
-// addrRegs is the number of registers an address takes.
-func (fi *familyInfo) addrRegs() uint32 { return fi.addrLen / 4 }
 
 // Key encodings. Concatenated keys pad each field to 4 bytes. Ids and
 // indexes are in host byte order (as numgen writes them); addresses, ports
 // and protocols in network byte order.
 
-func (fi *familyInfo) addr(a netip.Addr) []byte {
-	if fi.addrLen == 4 {
-		b := a.Unmap().As4()
-		return b[:]
-	}
-	b := a.As16()
-	return b[:]
-}
-
-func port(p uint16) []byte { return []byte{byte(p >> 8), byte(p), 0, 0} }
-
-func u32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
+// port is a port as a concatenation field (see nftnl.Port).
+func port(p uint16) []byte { return nftnl.Port(p) }
 
 // ipKey is the key of setServiceIPs, setNoEndpointIPs and setFirewallIPs:
 // daddr . l4proto . dport.
 func (fi *familyInfo) ipKey(a netip.Addr, p model.Protocol, pt uint16) []byte {
-	k := append(fi.addr(a), p.Number(), 0, 0, 0)
-	return append(k, port(pt)...)
-}
-
-// portKey is the key of the node port maps: l4proto . dport.
-func portKey(p model.Protocol, pt uint16) []byte {
-	return append([]byte{p.Number(), 0, 0, 0}, port(pt)...)
+	return fi.Key(a, p, pt)
 }
 
 // Endpoint map keys. An endpoint map is an interval map (ordered by
@@ -197,7 +161,7 @@ const hashSeed = 0x70726f78 // "prox"
 // false for the two IPv4 addresses that could collide with a tag.
 func (fi *familyInfo) tuplePrefix(a netip.Addr, p model.Protocol, pt uint16) (prefix []byte, ok bool) {
 	k := fi.ipKey(a, p, pt)
-	if fi.addrLen == 4 {
+	if fi.AddrLen == 4 {
 		if v := binary.BigEndian.Uint32(k); v == tagNodePort || v == tagGroup {
 			return nil, false
 		}
@@ -209,12 +173,12 @@ func (fi *familyInfo) tuplePrefix(a netip.Addr, p model.Protocol, pt uint16) (pr
 
 // nodePortPrefix returns the prefix of a node port.
 func nodePortPrefix(p model.Protocol, pt uint16) []byte {
-	return append(be32(tagNodePort), portKey(p, pt)...)
+	return append(nftnl.BE32(tagNodePort), nftnl.PortKey(p, pt)...)
 }
 
 // groupPrefix returns the prefix of a group with a chain of its own.
 func groupPrefix(local uint32) []byte {
-	return slices.Concat(be32(tagGroup), u32(local), be32(0xffffffff))
+	return slices.Concat(nftnl.BE32(tagGroup), nftnl.U32(local), nftnl.BE32(0xffffffff))
 }
 
 // Endpoint groups of a service port.
@@ -234,7 +198,7 @@ const (
 func ownGroupPrefix(id, which uint32) []byte {
 	if which == groupWide {
 		_, local := groupOf(id, groupInternal)
-		return slices.Concat(be32(tagGroup), u32(local), be32(0xfffffffe))
+		return slices.Concat(nftnl.BE32(tagGroup), nftnl.U32(local), nftnl.BE32(0xfffffffe))
 	}
 	_, local := groupOf(id, which)
 	return groupPrefix(local)
@@ -321,74 +285,50 @@ func jhash(k []byte, initval uint32) uint32 {
 // reciprocalScale is the kernel's reciprocal_scale: val scaled to [0, n).
 func reciprocalScale(val, n uint32) uint32 { return uint32(uint64(val) * uint64(n) >> 32) }
 
-// addrBytes returns an address as it is in packets: 4 or 16 bytes.
-func addrBytes(a netip.Addr) []byte {
-	if a.Is4() {
-		b := a.As4()
-		return b[:]
-	}
-	b := a.As16()
-	return b[:]
-}
-
-// endpointBytes is an endpoint as map data: addr . port.
-func endpointBytes(ap netip.AddrPort) []byte { return append(addrBytes(ap.Addr()), port(ap.Port())...) }
-
 // fixedSetSpecs returns the sets and maps the fixed chains use: every
 // table has them.
-func (fi *familyInfo) fixedSetSpecs() []*setSpec {
-	addr := fi.addrType
-	ipKey := nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
-	portKeyT := nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-	fwAllow := nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, addr)
-	pair := nftables.MustConcatSetType(addr, addr)
-	verdictMap := func(name string, key nftables.SetDatatype, comment string) *setSpec {
-		return &setSpec{name: name, keyType: key.GetNFTMagic(), keyLen: key.Bytes, isMap: true,
-			dataType: unix.NFT_DATA_VERDICT, comment: comment}
+func (fi *familyInfo) fixedSetSpecs() []*nftnl.Set {
+	addr := fi.AddrType
+	ipKey := nftnl.Concat(addr, nftnl.TypeInetProto, nftnl.TypeInetService)
+	portKeyT := nftnl.Concat(nftnl.TypeInetProto, nftnl.TypeInetService)
+	fwAllow := nftnl.Concat(addr, nftnl.TypeInetProto, nftnl.TypeInetService, addr)
+	pair := nftnl.Concat(addr, addr)
+	verdictMap := func(name string, key nftnl.Datatype, comment string) *nftnl.Set {
+		return &nftnl.Set{Name: name, Key: key, Data: nftnl.TypeVerdict, Comment: comment}
 	}
-	specs := []*setSpec{
+	specs := []*nftnl.Set{
 		verdictMap(setServiceIPs, ipKey, "cluster, external and load-balancer IPs: daddr . proto . port -> service chain"),
 		verdictMap(setServiceNodePorts, portKeyT, "node ports: proto . port -> external chain"),
 		verdictMap(setNoEndpointIPs, ipKey, "service addresses without usable endpoints -> reject or drop"),
 		verdictMap(setNoEndpointPorts, portKeyT, "node ports without usable endpoints -> reject or drop"),
-		{name: setFirewallIPs, keyType: ipKey.GetNFTMagic(), keyLen: ipKey.Bytes,
-			comment: "load-balancer IPs with source ranges"},
-		{name: setFirewallAllow, keyType: fwAllow.GetNFTMagic(), keyLen: fwAllow.Bytes, interval: true,
-			fields: []uint32{fi.addrLen, 1, 2, fi.addrLen}, comment: "allowed sources of load-balancer IPs"},
-		{name: setClusterCIDRs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes, interval: true,
-			comment: "pod networks"},
-		{name: setNodePortIPs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes, interval: true,
-			comment: "node addresses node ports open on"},
-		{name: setHairpin, keyType: pair.GetNFTMagic(), keyLen: pair.Bytes,
-			comment: "endpoint . endpoint: a pod reaching itself through a service"},
-		{name: setClusterIPs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes,
-			comment: "cluster IPs; other ports on them are rejected"},
-		{name: setServiceCIDRs, keyType: addr.GetNFTMagic(), keyLen: addr.Bytes, interval: true,
-			comment: "service CIDRs; unallocated addresses in them are dropped"},
+		{Name: setFirewallIPs, Key: ipKey, Comment: "load-balancer IPs with source ranges"},
+		{Name: setFirewallAllow, Key: fwAllow, Interval: true, Comment: "allowed sources of load-balancer IPs"},
+		{Name: setClusterCIDRs, Key: addr, Interval: true, Comment: "pod networks"},
+		{Name: setNodePortIPs, Key: addr, Interval: true, Comment: "node addresses node ports open on"},
+		{Name: setHairpin, Key: pair, Comment: "endpoint . endpoint: a pod reaching itself through a service"},
+		{Name: setClusterIPs, Key: addr, Comment: "cluster IPs; other ports on them are rejected"},
+		{Name: setServiceCIDRs, Key: addr, Interval: true, Comment: "service CIDRs; unallocated addresses in them are dropped"},
 	}
 	for i, s := range specs {
-		s.id = uint32(i + 1)
+		s.ID = uint32(i + 1)
 	}
 	return specs
 }
 
-// endpointsMapSpec returns the endpoint map of a shard.
-func (fi *familyInfo) endpointsMapSpec(shard uint32) *setSpec {
-	ep := nftables.MustConcatSetType(fi.addrType, nftables.TypeInetService)
-	return &setSpec{name: endpointsMap(shard), id: firstShardSetID + 2*shard,
-		keyType: nftables.TypeIP6Addr.GetNFTMagic(), keyLen: 16, isMap: true,
-		interval: true, dataType: ep.GetNFTMagic(), dataLen: ep.Bytes,
-		comment: "range set prefix . random position -> endpoint"}
+// endpointsMapSpec returns the endpoint map of a shard. Its keys are
+// range set prefix . position (16 bytes, typed as IPv6 addresses for nft).
+func (fi *familyInfo) endpointsMapSpec(shard uint32) *nftnl.Set {
+	return &nftnl.Set{Name: endpointsMap(shard), ID: firstShardSetID + 2*shard,
+		Key: nftnl.TypeIP6Addr, Data: nftnl.Concat(fi.AddrType, nftnl.TypeInetService), Interval: true,
+		Comment: "range set prefix . random position -> endpoint"}
 }
 
 // affinitySetSpec returns the affinity set of a shard, which holds at
 // most size clients.
-func (fi *familyInfo) affinitySetSpec(shard, size uint32) *setSpec {
-	idAddr := nftables.MustConcatSetType(nftables.TypeMark, fi.addrType)
-	return &setSpec{name: affinitySet(shard), id: firstShardSetID + 2*shard + 1,
-		keyType: idAddr.GetNFTMagic(), keyLen: idAddr.Bytes,
-		timeout: true, dynamic: true, size: size,
-		comment: "session affinity: endpoint id . client"}
+func (fi *familyInfo) affinitySetSpec(shard, size uint32) *nftnl.Set {
+	return &nftnl.Set{Name: affinitySet(shard), ID: firstShardSetID + 2*shard + 1,
+		Key: nftnl.Concat(nftnl.TypeMark, fi.AddrType), Timeout: true, Dynamic: true, Size: size,
+		Comment: "session affinity: endpoint id . client"}
 }
 
 // firstShardSetID is the transaction-local id of the first shard set;

@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -26,8 +27,8 @@ const maxChainName = 255
 // chainObj is a chain and its rules.
 type chainObj struct {
 	name  string
-	hook  *hook  // nil for a regular chain
-	rules []rule // as built
+	hook  *nftnl.Hook // nil for a regular chain
+	rules []rule      // as built
 	enc   [][]byte
 }
 
@@ -39,8 +40,8 @@ type setElem struct {
 
 // id returns the element's identity within its set.
 func (s *setElem) id() string {
-	id := string(s.e.key) + "|" + string(s.e.keyEnd)
-	if s.e.intervalEnd {
+	id := string(s.e.Key) + "|" + string(s.e.KeyEnd)
+	if s.e.IntervalEnd {
 		id += "|end"
 	}
 	return id
@@ -49,13 +50,13 @@ func (s *setElem) id() string {
 // sameData reports whether two elements with the same key carry the same
 // data.
 func (s *setElem) sameData(o *setElem) bool {
-	if !bytes.Equal(s.e.val, o.e.val) || s.e.timeout != o.e.timeout {
+	if !bytes.Equal(s.e.Val, o.e.Val) || s.e.Timeout != o.e.Timeout {
 		return false
 	}
-	if (s.e.verdict == nil) != (o.e.verdict == nil) {
+	if (s.e.Verdict == nil) != (o.e.Verdict == nil) {
 		return false
 	}
-	return s.e.verdict == nil || *s.e.verdict == *o.e.verdict
+	return s.e.Verdict == nil || *s.e.Verdict == *o.e.Verdict
 }
 
 // refcounted sets hold elements several service ports may share; an
@@ -129,8 +130,8 @@ func appendRanges(out []elem, r *rangeSpec, slots []netip.AddrPort) []elem {
 	for i, ep := range slots {
 		a := ep.Addr().AsSlice()
 		out = append(out,
-			elem{key: put(r.prefix, positionKey(starts[i])), val: put(a, port(ep.Port()))},
-			elem{key: put(r.prefix, positionKey(starts[i+1])), intervalEnd: true})
+			elem{Key: put(r.prefix, positionKey(starts[i])), Val: put(a, port(ep.Port()))},
+			elem{Key: put(r.prefix, positionKey(starts[i+1])), IntervalEnd: true})
 	}
 	return out
 }
@@ -159,10 +160,10 @@ func newRenderer(fi familyInfo, bit, affinitySize uint32, masqAll, clusterCIDRs 
 	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll,
 		nodeIP: nodeIP, affinitySize: affinitySize}
 	var err error
-	if r.jumpMasq, err = encodeExprs(fi.proto, rule{jump(chainMasqCluster)}); err != nil {
+	if r.jumpMasq, err = encodeExprs(fi.proto, rule{nftnl.Jump(chainMasqCluster)}); err != nil {
 		return nil, err
 	}
-	if r.mark, err = encodeExprs(fi.proto, setMark(bit)); err != nil {
+	if r.mark, err = encodeExprs(fi.proto, nftnl.SetMark(bit)); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -217,7 +218,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			return nil, errors.New("port 0")
 		}
 		clusterKey = fi.ipKey(sp.ClusterIP, sp.Protocol, sp.Port)
-		add(setClusterIPs, elem{key: fi.addr(sp.ClusterIP)})
+		add(setClusterIPs, elem{Key: fi.Addr(sp.ClusterIP)})
 	}
 	var extAddrs []netip.Addr
 	var extKeys, lbKeys [][]byte
@@ -240,7 +241,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	}
 	var npKey []byte
 	if sp.NodePort != 0 {
-		npKey = portKey(sp.Protocol, sp.NodePort)
+		npKey = nftnl.PortKey(sp.Protocol, sp.NodePort)
 	}
 
 	// Firewall: source ranges of load-balancer IPs, whatever the endpoints.
@@ -253,20 +254,20 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			}
 		}
 		for _, k := range lbKeys {
-			add(setFirewallIPs, elem{key: k})
+			add(setFirewallIPs, elem{Key: k})
 			for _, rg := range ranges {
-				add(setFirewallAllow, elem{key: concat(k, fi.addr(rg[0])), keyEnd: concat(k, fi.addr(rg[1]))})
+				add(setFirewallAllow, elem{Key: concat(k, fi.Addr(rg[0])), KeyEnd: concat(k, fi.Addr(rg[1]))})
 			}
 		}
 	}
 
 	external := sp.ExternallyAccessible()
 	if !t.HasEndpoints {
-		reject := &verdict{code: unix.NFT_GOTO, chain: chainReject}
+		reject := &verdict{Code: unix.NFT_GOTO, Chain: chainReject}
 		noEndpoints(add, clusterKey, extKeys, npKey, reject)
 		return o, nil
 	}
-	drop := &verdict{code: nfDrop}
+	drop := &verdict{Code: nfDrop}
 	internal := r.endpoints(t.Internal)
 	externalEps := r.endpoints(t.External)
 	for _, eps := range [][]netip.AddrPort{internal, externalEps} {
@@ -298,7 +299,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 		return b
 	}
-	goToV := func(chain string) *verdict { return &verdict{code: unix.NFT_GOTO, chain: chain} }
+	goToV := func(chain string) *verdict { return &verdict{Code: unix.NFT_GOTO, Chain: chain} }
 
 	// Range set prefixes this service port uses; a prefix another
 	// service port (or this one, twice: an IPv6 hash collision) holds
@@ -372,7 +373,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if p != nil {
 			clusterPrefix = p
 			ranges(p, 0)
-			add(setServiceIPs, elem{key: clusterKey, verdict: toShared(objCluster)})
+			add(setServiceIPs, elem{Key: clusterKey, Verdict: toShared(objCluster)})
 		} else {
 			c := chainObj{name: svc}
 			if r.masqCluster {
@@ -381,11 +382,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			c.enc = append(c.enc, ownGroup(0, slots)...)
 			o.chains = append(o.chains, c)
 			if clusterKey != nil {
-				add(setServiceIPs, elem{key: clusterKey, verdict: goToV(svc)})
+				add(setServiceIPs, elem{Key: clusterKey, Verdict: goToV(svc)})
 			}
 		}
 	} else if clusterKey != nil {
-		add(setNoEndpointIPs, elem{key: clusterKey, verdict: drop})
+		add(setNoEndpointIPs, elem{Key: clusterKey, Verdict: drop})
 	}
 
 	if !external {
@@ -429,11 +430,11 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if ok && free(prefixes...) {
 			for i, k := range extKeys {
 				ranges(prefixes[i], 1)
-				add(setServiceIPs, elem{key: k, verdict: toShared(objExternal)})
+				add(setServiceIPs, elem{Key: k, Verdict: toShared(objExternal)})
 			}
 			if npKey != nil {
 				ranges(npPrefix, 1)
-				add(setServiceNodePorts, elem{key: npKey, verdict: toShared(objNodePort)})
+				add(setServiceNodePorts, elem{Key: npKey, Verdict: toShared(objNodePort)})
 			}
 			return o, encErr
 		}
@@ -445,7 +446,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		if clusterPrefix != nil {
 			return enc(append(ru, fi.prefixRule(shard, clusterPrefix)...))
 		}
-		return enc(append(ru, goTo(svc)))
+		return enc(append(ru, nftnl.Goto(svc)))
 	}
 	if sp.ExternalPolicy != model.PolicyLocal {
 		c.enc = append(c.enc, r.mark)
@@ -467,7 +468,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 				} else {
 					// Affinity takes several rules: a chain of its own.
 					o.chains = append(o.chains, chainObj{name: all, enc: ownGroup(groupWide, ws)})
-					pick = rule{goTo(all)}
+					pick = rule{nftnl.Goto(all)}
 				}
 				toWide = func(ru rule) []byte { return enc(append(ru, pick...)) }
 			}
@@ -476,9 +477,9 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 			// itself). masqueradeAll does not apply: kube-proxy
 			// masquerades it by cluster IP destination only.
 			if r.clusterCIDRs {
-				c.enc = append(c.enc, toWide(rule{fi.loadSaddr(reg(0)), lookup(setClusterCIDRs, reg(0), false)}))
+				c.enc = append(c.enc, toWide(rule{fi.LoadSaddr(nftnl.Reg(0)), nftnl.Lookup(setClusterCIDRs, nftnl.Reg(0), false)}))
 			}
-			c.enc = append(c.enc, toWide(append(fibLocal(true, expr.CmpOpEq), setMark(r.bit)...)))
+			c.enc = append(c.enc, toWide(append(nftnl.FibLocal(true, expr.CmpOpEq), nftnl.SetMark(r.bit)...)))
 		}
 		if len(externalEps) > 0 {
 			c.enc = append(c.enc, ownGroup(1, slots)...)
@@ -486,23 +487,23 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 	}
 	o.chains = append(o.chains, c)
 	for _, k := range extKeys {
-		add(setServiceIPs, elem{key: k, verdict: goToV(ext)})
+		add(setServiceIPs, elem{Key: k, Verdict: goToV(ext)})
 	}
 	if npKey != nil {
-		add(setServiceNodePorts, elem{key: npKey, verdict: goToV(ext)})
+		add(setServiceNodePorts, elem{Key: npKey, Verdict: goToV(ext)})
 	}
 	return o, encErr
 }
 
 func noEndpoints(add func(string, elem), clusterKey []byte, extKeys [][]byte, npKey []byte, v *verdict) {
 	if clusterKey != nil {
-		add(setNoEndpointIPs, elem{key: clusterKey, verdict: v})
+		add(setNoEndpointIPs, elem{Key: clusterKey, Verdict: v})
 	}
 	for _, k := range extKeys {
-		add(setNoEndpointIPs, elem{key: k, verdict: v})
+		add(setNoEndpointIPs, elem{Key: k, Verdict: v})
 	}
 	if npKey != nil {
-		add(setNoEndpointPorts, elem{key: npKey, verdict: v})
+		add(setNoEndpointPorts, elem{Key: npKey, Verdict: v})
 	}
 }
 
@@ -606,9 +607,9 @@ func lastAddr(p netip.Prefix) netip.Addr {
 func (fi *familyInfo) intervalElems(ranges [][2]netip.Addr) []elem {
 	var out []elem
 	for _, rg := range ranges {
-		out = append(out, elem{key: fi.addr(rg[0])})
+		out = append(out, elem{Key: fi.Addr(rg[0])})
 		if next := rg[1].Next(); next.IsValid() {
-			out = append(out, elem{key: fi.addr(next), intervalEnd: true})
+			out = append(out, elem{Key: fi.Addr(next), IntervalEnd: true})
 		}
 	}
 	return out

@@ -2,7 +2,6 @@ package nftables
 
 import (
 	"bytes"
-	"encoding/binary"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -40,7 +40,7 @@ func testAIDs() func() uint32 {
 func elemsOf(o *svcObjs, set string) []elem {
 	var out []elem
 	all := o.ownElems()
-	o.eachRef(func(set string, key []byte) { all = append(all, setElem{set: set, e: elem{key: bytes.Clone(key)}}) })
+	o.eachRef(func(set string, key []byte) { all = append(all, setElem{set: set, e: elem{Key: bytes.Clone(key)}}) })
 	for _, e := range all {
 		if e.set == set {
 			out = append(out, e.e)
@@ -70,12 +70,12 @@ func TestRenderClusterIP(t *testing.T) {
 	}
 	shard, _ := groupOf(7, 0)
 	disp := elemsOf(o, setServiceIPs)
-	if len(disp) != 1 || disp[0].verdict == nil || disp[0].verdict.chain != sharedChain(chainClusterPrefix, shard) || disp[0].verdict.code != unix.NFT_GOTO {
+	if len(disp) != 1 || disp[0].Verdict == nil || disp[0].Verdict.Chain != sharedChain(chainClusterPrefix, shard) || disp[0].Verdict.Code != unix.NFT_GOTO {
 		t.Fatalf("dispatch %+v", disp)
 	}
 	wantKey := []byte{10, 96, 0, 1, unix.IPPROTO_TCP, 0, 0, 0, 0, 80, 0, 0}
-	if !slices.Equal(disp[0].key, wantKey) {
-		t.Fatalf("dispatch key %v, want %v", disp[0].key, wantKey)
+	if !slices.Equal(disp[0].Key, wantKey) {
+		t.Fatalf("dispatch key %v, want %v", disp[0].Key, wantKey)
 	}
 	// Two ranges, [0, 32767) and [32767, 65535), under the packet's own
 	// daddr . proto . dport.
@@ -86,12 +86,12 @@ func TestRenderClusterIP(t *testing.T) {
 	}
 	for i, e := range eps {
 		want := concat(wantKey, positionKey(wantPos[i]))
-		if !slices.Equal(e.key, want) || e.intervalEnd != (i%2 == 1) {
-			t.Errorf("endpoint element %d: key %x end %v, want %x end %v", i, e.key, e.intervalEnd, want, i%2 == 1)
+		if !slices.Equal(e.Key, want) || e.IntervalEnd != (i%2 == 1) {
+			t.Errorf("endpoint element %d: key %x end %v, want %x end %v", i, e.Key, e.IntervalEnd, want, i%2 == 1)
 		}
 	}
-	if !slices.Equal(eps[2].val, []byte{10, 0, 2, 2, 0x1f, 0x90, 0, 0}) {
-		t.Errorf("endpoint value %v", eps[2].val)
+	if !slices.Equal(eps[2].Val, []byte{10, 0, 2, 2, 0x1f, 0x90, 0, 0}) {
+		t.Errorf("endpoint value %v", eps[2].Val)
 	}
 	if n := len(elemsOf(o, setHairpin)); n != 2 {
 		t.Errorf("%d hairpin elements, want 2", n)
@@ -165,8 +165,8 @@ func TestRenderNoEndpoints(t *testing.T) {
 		t.Fatalf("no-endpoint elements: %d addresses, %d ports", len(ips), len(ports))
 	}
 	for _, e := range append(ips, ports...) {
-		if e.verdict.code != unix.NFT_GOTO || e.verdict.chain != chainReject {
-			t.Errorf("verdict %+v, want goto reject", e.verdict)
+		if e.Verdict.Code != unix.NFT_GOTO || e.Verdict.Chain != chainReject {
+			t.Errorf("verdict %+v, want goto reject", e.Verdict)
 		}
 	}
 }
@@ -186,11 +186,11 @@ func TestRenderPolicies(t *testing.T) {
 	if got := chainNamesOf(o); len(got) != 0 {
 		t.Fatalf("chains %v", got)
 	}
-	if d := elemsOf(o, setNoEndpointIPs); len(d) != 1 || d[0].verdict.code != nfDrop {
+	if d := elemsOf(o, setNoEndpointIPs); len(d) != 1 || d[0].Verdict.Code != nfDrop {
 		t.Fatalf("cluster IP: %+v, want drop", d)
 	}
 	shard, _ := groupOf(2, 0)
-	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].verdict.chain != sharedChain(chainNodePortPrefix, shard) {
+	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].Verdict.Chain != sharedChain(chainNodePortPrefix, shard) {
 		t.Fatalf("node port: %+v, want goto %s", d, sharedChain(chainNodePortPrefix, shard))
 	}
 	if n := len(elemsOf(o, endpointsMap(shard))); n != 2 {
@@ -208,13 +208,13 @@ func TestRenderPolicies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := elemsOf(o, setNoEndpointPorts); len(d) != 1 || d[0].verdict.code != nfDrop {
+	if d := elemsOf(o, setNoEndpointPorts); len(d) != 1 || d[0].Verdict.Code != nfDrop {
 		t.Fatalf("node port: %+v, want drop", d)
 	}
 	if got := chainNamesOf(o); !slices.Equal(got, []string{"ext-default/local/tcp"}) || len(o.chains[0].enc) != 2 {
 		t.Fatalf("chains %v, want the external chain with the pod and node rules", got)
 	}
-	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].verdict.chain != "ext-default/local/tcp" {
+	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].Verdict.Chain != "ext-default/local/tcp" {
 		t.Fatalf("node port: %+v, want goto the external chain", d)
 	}
 
@@ -306,7 +306,7 @@ func TestNormalizeRanges(t *testing.T) {
 	}
 	fi := familyInfoOf(model.IPv4)
 	els := fi.intervalElems(normalizeRanges(model.IPv4, p("0.0.0.0/0")))
-	if len(els) != 1 || els[0].intervalEnd {
+	if len(els) != 1 || els[0].IntervalEnd {
 		t.Fatalf("0.0.0.0/0 gives %+v, want a single start element", els)
 	}
 }
@@ -321,12 +321,12 @@ func offlineBackend(t *testing.T) *backend {
 }
 
 // messages lists the labels of a batch.
-func messages(tx *batch) []string {
+func messages(tx *nftnl.Batch) []string {
 	var out []string
-	for _, l := range tx.labels {
-		s := l.what
-		if l.svc != nil {
-			s = l.svc.String() + ": " + s
+	for i := range tx.Len() {
+		s, o := tx.Label(i)
+		if svc, _ := o.(*model.ServicePortName); svc != nil {
+			s = svc.String() + ": " + s
 		}
 		out = append(out, s)
 	}
@@ -423,33 +423,6 @@ func TestConflictingAddressesReported(t *testing.T) {
 	}
 }
 
-func TestBatchSplitsElements(t *testing.T) {
-	tx := newBatch(unix.NFPROTO_IPV4, "t")
-	var els []elem
-	for i := range 20000 {
-		els = append(els, elem{key: concat(groupPrefix(2), positionKey(uint32(i))), val: []byte{10, 0, 0, 1, 0, 80, 0, 0}})
-	}
-	tx.addElems(endpointsMap(0), els)
-	if tx.err != nil {
-		t.Fatal(tx.err)
-	}
-	if tx.Len() < 10 {
-		t.Fatalf("%d messages for 20000 elements", tx.Len())
-	}
-	// Walk the messages: lengths must add up.
-	n := 0
-	for off := 0; off < len(tx.buf); n++ {
-		l := int(binary.NativeEndian.Uint32(tx.buf[off:]))
-		if l < nlmsgHdrLen || l > 64<<10 {
-			t.Fatalf("message %d of %d bytes", n, l)
-		}
-		off += align4(l)
-	}
-	if n != tx.Len()+1 { // plus BATCH_BEGIN
-		t.Fatalf("walked %d messages, want %d", n, tx.Len()+1)
-	}
-}
-
 // TestRenderSourceRangesNodeIP: a source range holding the node's address
 // admits the service's load-balancer IPs as sources too (kube-proxy's
 // allowFromNode); otherwise only the ranges are admitted.
@@ -480,8 +453,8 @@ func TestRenderSourceRangesNodeIP(t *testing.T) {
 		}
 		if tc.want == 2 {
 			k := r.fi.ipKey(lb, model.TCP, 80)
-			vip := concat(k, r.fi.addr(lb))
-			if !slices.ContainsFunc(allow, func(e elem) bool { return bytes.Equal(e.key, vip) && bytes.Equal(e.keyEnd, vip) }) {
+			vip := concat(k, r.fi.Addr(lb))
+			if !slices.ContainsFunc(allow, func(e elem) bool { return bytes.Equal(e.Key, vip) && bytes.Equal(e.KeyEnd, vip) }) {
 				t.Errorf("node %q: the VIP is not an allowed source: %+v", tc.node, allow)
 			}
 		}

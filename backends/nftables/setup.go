@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -83,7 +85,6 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	fi := familyInfoOf(family)
 	// One proxier per table: a second one would take it over and
 	// silently kill the first one's services.
 	tfam := "ip"
@@ -101,21 +102,34 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 		ns.Close()
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
+	b, err := newBackend(cfg, family, c)
+	if err != nil {
+		c.close()
+		lock.Release()
+		ns.Close()
+		return nil, err
+	}
+	b.ns, b.lock = ns, lock
+	if err := b.probe(context.Background()); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// newBackend returns the backend of one family of a configuration with
+// defaults, writing through c: the kernel's connection, or a recorder in
+// tests. It neither probes nor takes the table's lock.
+func newBackend(cfg Config, family model.IPFamily, c *conn) (*backend, error) {
 	b := &backend{
 		cfg:  cfg,
-		fi:   fi,
-		ns:   ns,
-		lock: lock,
+		fi:   familyInfoOf(family),
 		conn: c,
 		log:  cfg.Logger.With("backend", "nftables", "family", family.String(), "table", cfg.TableName),
 	}
+	var err error
 	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.AffinityMapSize, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0, cfg.NodeIP(b.fi.fam)); err != nil {
-		b.Close()
 		return nil, fmt.Errorf("nftables: %w", err)
-	}
-	if err := b.probe(); err != nil {
-		b.Close()
-		return nil, err
 	}
 	return b, nil
 }
@@ -123,24 +137,24 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 // probe checks that the kernel accepts everything the backend programs,
 // by sending the full skeleton in a transaction that creates and deletes
 // a scratch table. Nothing stays behind, even if the process dies.
-func (b *backend) probe() error {
+func (b *backend) probe(ctx context.Context) error {
 	name := fmt.Sprintf("%s-probe-%d", b.cfg.TableName, os.Getpid())
-	tx := newBatch(b.fi.proto, name)
-	tx.addTable()
+	tx := nftnl.NewBatch(b.fi.proto, name)
+	tx.AddTable()
 	if err := b.addSkeleton(tx); err != nil {
 		return err
 	}
 	// A sample service chain, with and without affinity.
-	tx.addChain("probe", nil)
+	tx.AddChain("probe", nil)
 	for _, r := range b.fi.sampleServiceRules() {
 		enc, err := encodeExprs(b.fi.proto, r)
 		if err != nil {
 			return err
 		}
-		tx.addRule("probe", enc)
+		tx.AddRule("probe", enc)
 	}
-	tx.delTable()
-	err := b.conn.commit(tx)
+	tx.DelTable()
+	err := b.conn.Commit(ctx, tx)
 	if err == nil {
 		return nil
 	}
@@ -153,11 +167,11 @@ func (b *backend) probe() error {
 	}
 	// Name the missing feature: probe each on its own.
 	for _, f := range b.features() {
-		tx := newBatch(b.fi.proto, name)
-		tx.addTable()
+		tx := nftnl.NewBatch(b.fi.proto, name)
+		tx.AddTable()
 		f.add(tx)
-		tx.delTable()
-		if ferr := b.conn.commit(tx); ferr != nil {
+		tx.DelTable()
+		if ferr := b.conn.Commit(ctx, tx); ferr != nil {
 			return &proxier.UnsupportedError{Backend: "nftables", What: f.name, Err: ferr}
 		}
 	}
@@ -166,58 +180,58 @@ func (b *backend) probe() error {
 
 type feature struct {
 	name string
-	add  func(tx *batch)
+	add  func(tx *nftnl.Batch)
 }
 
 // features lists what the backend needs, each with a minimal use.
 func (b *backend) features() []feature {
 	fi := &b.fi
-	rl := func(tx *batch, chain string, h *hook, r rule) {
-		tx.addChain(chain, h)
+	rl := func(tx *nftnl.Batch, chain string, h *nftnl.Hook, r rule) {
+		tx.AddChain(chain, h)
 		enc, err := encodeExprs(fi.proto, r)
 		if err != nil {
-			tx.setErr(err)
+			tx.SetErr(err)
 			return
 		}
-		tx.addRule(chain, enc)
+		tx.AddRule(chain, enc)
 	}
-	natHook := &hook{unix.NF_INET_PRE_ROUTING, prioDNAT, "nat"}
-	filterHook := &hook{unix.NF_INET_LOCAL_IN, prioFilterPreDNAT, "filter"}
+	natHook := &nftnl.Hook{Num: unix.NF_INET_PRE_ROUTING, Priority: prioDNAT, Type: "nat"}
+	filterHook := &nftnl.Hook{Num: unix.NF_INET_LOCAL_IN, Priority: prioFilterPreDNAT, Type: "filter"}
 	specs := fi.fixedSetSpecs()
-	set := func(tx *batch, name string) {
+	set := func(tx *nftnl.Batch, name string) {
 		for _, s := range specs {
-			if s.name == name {
-				tx.addSet(s)
+			if s.Name == name {
+				tx.AddSet(s)
 			}
 		}
 	}
 	return []feature{
-		{"nf_tables NAT chains (nft_chain_nat)", func(tx *batch) { tx.addChain("c", natHook) }},
-		{"nft_ct", func(tx *batch) { rl(tx, "c", filterHook, ctStateNew()) }},
-		{"nft_fib", func(tx *batch) { rl(tx, "c", filterHook, fibLocal(false, expr.CmpOpEq)) }},
-		{"nft_reject", func(tx *batch) { rl(tx, "c", filterHook, fi.rejectRule()) }},
-		{"nft_numgen", func(tx *batch) {
-			rl(tx, "c", nil, rule{&expr.Numgen{Register: reg(0), Modulus: randRange, Offset: 1 << 16, Type: unix.NFT_NG_RANDOM}})
+		{"nf_tables NAT chains (nft_chain_nat)", func(tx *nftnl.Batch) { tx.AddChain("c", natHook) }},
+		{"nft_ct", func(tx *nftnl.Batch) { rl(tx, "c", filterHook, nftnl.CtStateNew()) }},
+		{"nft_fib", func(tx *nftnl.Batch) { rl(tx, "c", filterHook, nftnl.FibLocal(false, expr.CmpOpEq)) }},
+		{"nft_reject", func(tx *nftnl.Batch) { rl(tx, "c", filterHook, fi.rejectRule()) }},
+		{"nft_numgen", func(tx *nftnl.Batch) {
+			rl(tx, "c", nil, rule{&expr.Numgen{Register: nftnl.Reg(0), Modulus: randRange, Offset: 1 << 16, Type: unix.NFT_NG_RANDOM}})
 		}},
-		{"nft_masq", func(tx *batch) {
-			rl(tx, "c", &hook{unix.NF_INET_POST_ROUTING, prioSNAT, "nat"}, rule{&expr.Masq{FullyRandom: true}})
+		{"nft_masq", func(tx *nftnl.Batch) {
+			rl(tx, "c", &nftnl.Hook{Num: unix.NF_INET_POST_ROUTING, Priority: prioSNAT, Type: "nat"}, rule{&expr.Masq{FullyRandom: true}})
 		}},
-		{"concatenated interval sets (nft_set_pipapo)", func(tx *batch) { set(tx, setFirewallAllow) }},
-		{"interval sets (nft_set_rbtree)", func(tx *batch) { set(tx, setClusterCIDRs) }},
-		{"interval maps with data registers and DNAT from registers (nft_nat)", func(tx *batch) {
-			tx.addSet(fi.endpointsMapSpec(0))
+		{"concatenated interval sets (nft_set_pipapo)", func(tx *nftnl.Batch) { set(tx, setFirewallAllow) }},
+		{"interval sets (nft_set_rbtree)", func(tx *nftnl.Batch) { set(tx, setClusterCIDRs) }},
+		{"interval maps with data registers and DNAT from registers (nft_nat)", func(tx *nftnl.Batch) {
+			tx.AddSet(fi.endpointsMapSpec(0))
 			rl(tx, "c", natHook, fi.tupleRule(0))
 		}},
-		{"dynamic sets with timeouts (nft_dynset)", func(tx *batch) {
-			tx.addSet(fi.affinitySetSpec(0, 16))
-			tx.addChain("c", natHook)
+		{"dynamic sets with timeouts (nft_dynset)", func(tx *nftnl.Batch) {
+			tx.AddSet(fi.affinitySetSpec(0, 16))
+			tx.AddChain("c", natHook)
 			for _, r := range fi.sampleServiceRules()[3:] {
 				enc, err := encodeExprs(fi.proto, r)
 				if err != nil {
-					tx.setErr(err)
+					tx.SetErr(err)
 					return
 				}
-				tx.addRule("c", enc)
+				tx.AddRule("c", enc)
 			}
 		}},
 	}
@@ -225,9 +239,9 @@ func (b *backend) features() []feature {
 
 // addSkeleton adds the fixed sets, chains and rules, and the objects of
 // shard 0, to tx.
-func (b *backend) addSkeleton(tx *batch) error {
+func (b *backend) addSkeleton(tx *nftnl.Batch) error {
 	for _, s := range b.fi.fixedSetSpecs() {
-		tx.addSet(s)
+		tx.AddSet(s)
 	}
 	chains := b.skeletonChains()
 	for kind := objEndpoints; kind <= objNodePort; kind++ {
@@ -236,7 +250,7 @@ func (b *backend) addSkeleton(tx *batch) error {
 			return err
 		}
 		if o.set != nil {
-			tx.addSet(o.set)
+			tx.AddSet(o.set)
 		} else {
 			chains = append(chains, *o.chain)
 		}
@@ -245,11 +259,11 @@ func (b *backend) addSkeleton(tx *batch) error {
 		if err := b.r.encode(&chains[i]); err != nil {
 			return err
 		}
-		tx.addChain(chains[i].name, chains[i].hook)
+		tx.AddChain(chains[i].name, chains[i].hook)
 	}
 	for i := range chains {
 		for _, r := range chains[i].enc {
-			tx.addRule(chains[i].name, r)
+			tx.AddRule(chains[i].name, r)
 		}
 	}
 	return nil
@@ -265,7 +279,7 @@ func (fi *familyInfo) sampleServiceRules() []rule {
 
 // sampleAddr is an address of the family.
 func (fi *familyInfo) sampleAddr() netip.Addr {
-	if fi.addrLen == 4 {
+	if fi.AddrLen == 4 {
 		return netip.AddrFrom4([4]byte{192, 0, 2, 1})
 	}
 	return netip.MustParseAddr("2001:db8::1")

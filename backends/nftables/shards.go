@@ -3,6 +3,8 @@ package nftables
 import (
 	"cmp"
 	"slices"
+
+	"github.com/proxykit/proxykit/internal/nftnl"
 )
 
 // This file names a shard's objects (its endpoint map, affinity set and
@@ -65,7 +67,7 @@ func (o *svcObjs) uses(ref shardRef) {
 // shardObject is a shard object ready for a transaction: a set, or a
 // chain with its encoded rules.
 type shardObject struct {
-	set   *setSpec
+	set   *nftnl.Set
 	chain *chainObj
 }
 

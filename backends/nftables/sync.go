@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/internal/ownerlock"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -133,7 +134,7 @@ func (o *svcObjs) ownedKeys(f func(space, key, set string) bool) {
 func (o *svcObjs) eachRef(f func(set string, key []byte)) {
 	for _, e := range o.fixed {
 		if refcounted(e.set) {
-			f(e.set, e.e.key)
+			f(e.set, e.e.Key)
 		}
 	}
 	var buf [32]byte
@@ -170,16 +171,16 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if nodeIP != b.r.nodeIP {
 		// Source ranges depend on it; a change is rare.
 		b.r.nodeIP = nodeIP
-		return b.syncFull(req)
+		return b.syncFull(ctx, req)
 	}
 	want := b.wantTable(req)
 	if !want && !req.Full && b.st != nil && b.st.noTable {
 		return nil // still nothing to program
 	}
 	if req.Full || b.st == nil || b.st.noTable == want || !slices.Equal(req.ServiceCIDRs, b.st.serviceCIDRs) {
-		return b.syncFull(req)
+		return b.syncFull(ctx, req)
 	}
-	return b.syncIncremental(req)
+	return b.syncIncremental(ctx, req)
 }
 
 // wantTable reports whether the family needs a table: for a service
@@ -191,15 +192,15 @@ func (b *backend) wantTable(req *proxier.SyncRequest) bool {
 
 // syncNoTable makes sure the table does not exist, when nothing needs it.
 // Deleting it loses nothing: it served no service port.
-func (b *backend) syncNoTable(req *proxier.SyncRequest) error {
-	exists, err := b.conn.tableExists(b.fi.proto, b.cfg.TableName)
+func (b *backend) syncNoTable(ctx context.Context, req *proxier.SyncRequest) error {
+	exists, err := b.conn.TableExists(ctx, b.fi.proto, b.cfg.TableName)
 	if err != nil {
 		return fmt.Errorf("nftables: check table: %w", err)
 	}
 	if exists {
-		tx := newBatch(b.fi.proto, b.cfg.TableName)
-		tx.delTable()
-		if err := b.conn.commit(tx); err != nil {
+		tx := nftnl.NewBatch(b.fi.proto, b.cfg.TableName)
+		tx.DelTable()
+		if err := b.conn.Commit(ctx, tx); err != nil {
 			return fmt.Errorf("nftables: delete the unused table: %w", notApplied(err))
 		}
 		b.log.Info("deleted the table: no service port or service range of the family")
@@ -225,27 +226,27 @@ const maxRetries = 3
 // with the chains the kernel lists; only when the kernel refuses that
 // (an earlier version's table that differs in its definitions) is the
 // table deleted and created again in the same transaction.
-func (b *backend) syncFull(req *proxier.SyncRequest) error {
+func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error {
 	if !b.wantTable(req) {
-		return b.syncNoTable(req)
+		return b.syncNoTable(ctx, req)
 	}
 	start := time.Now()
 	mode := fullInPlace
 	var stale, staleSets []string
 	if b.st == nil || b.st.noTable {
-		chains, exists, err := b.conn.chains(b.fi.proto, b.cfg.TableName)
+		chains, exists, err := b.conn.Chains(ctx, b.fi.proto, b.cfg.TableName)
 		if err != nil {
 			return fmt.Errorf("nftables: list chains of table %s: %w", b.cfg.TableName, err)
 		}
 		mode, stale = fullCreate, nil
 		if exists {
 			mode, stale = fullTakeOver, staleOrder(chains)
-			if staleSets, err = b.conn.sets(b.fi.proto, b.cfg.TableName); err != nil {
+			if staleSets, err = b.conn.Sets(ctx, b.fi.proto, b.cfg.TableName); err != nil {
 				return fmt.Errorf("nftables: list sets of table %s: %w", b.cfg.TableName, err)
 			}
 		}
 	} else {
-		exists, err := b.conn.tableExists(b.fi.proto, b.cfg.TableName)
+		exists, err := b.conn.TableExists(ctx, b.fi.proto, b.cfg.TableName)
 		if err != nil {
 			return fmt.Errorf("nftables: check table: %w", err)
 		}
@@ -267,7 +268,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 			return err
 		}
 		built := time.Now()
-		err = b.conn.commit(tx)
+		err = b.conn.Commit(ctx, tx)
 		if err == nil {
 			b.st = st
 			b.last = syncStats{full: true, render: built.Sub(start), kernel: time.Since(built),
@@ -408,12 +409,12 @@ func (st *state) allocID() uint32 {
 // fullBatch builds the transaction that makes the kernel hold st, given
 // how the table is to be treated and, unless it is created, the chains
 // it holds (in deletion order).
-func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string, perService bool) (*batch, error) {
-	tx := newBatchSize(b.fi.proto, b.cfg.TableName, estimateBatch(st))
-	tx.addTable()
+func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string, perService bool) (*nftnl.Batch, error) {
+	tx := nftnl.NewBatchSize(b.fi.proto, b.cfg.TableName, estimateBatch(st))
+	tx.AddTable()
 	if mode == fullReplace {
-		tx.delTable()
-		tx.addTable()
+		tx.DelTable()
+		tx.AddTable()
 	}
 	fresh := mode == fullCreate || mode == fullReplace
 	specs := b.fi.fixedSetSpecs()
@@ -437,10 +438,10 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 	}
 	wantSet := map[string]bool{}
 	for _, s := range specs {
-		tx.addSet(s)
-		wantSet[s.name] = true
-		if !fresh && (mode == fullTakeOver || !strings.HasPrefix(s.name, setAffinityPrefix)) {
-			tx.flushSet(s.name)
+		tx.AddSet(s)
+		wantSet[s.Name] = true
+		if !fresh && (mode == fullTakeOver || !strings.HasPrefix(s.Name, setAffinityPrefix)) {
+			tx.FlushSet(s.Name)
 		}
 	}
 	names := slices.SortedFunc(maps.Keys(st.services), model.ServicePortName.Compare)
@@ -453,53 +454,53 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 	}
 	want := map[string]bool{}
 	for _, c := range chains {
-		tx.addChain(c.name, c.hook)
+		tx.AddChain(c.name, c.hook)
 		want[c.name] = true
 	}
 	for _, c := range svcChains {
 		if err := b.ensureEncoded(c); err != nil {
 			return nil, err
 		}
-		tx.addChain(c.name, nil)
+		tx.AddChain(c.name, nil)
 		want[c.name] = true
 	}
 	if !fresh {
 		for _, c := range chains {
-			tx.flushChain(c.name)
+			tx.FlushChain(c.name)
 		}
 		for _, c := range svcChains {
-			tx.flushChain(c.name)
+			tx.FlushChain(c.name)
 		}
 		// Chains of the previous state that are gone.
-		tx.forService(nil)
+		tx.SetOwner(owner(nil))
 		for _, c := range stale {
 			if !want[c] {
-				tx.delChain(c)
+				tx.DelChain(c)
 			}
 		}
 		// Sets no rule reads any more (their rules are flushed or
 		// deleted above).
 		for _, s := range staleSets {
 			if !wantSet[s] {
-				tx.delSet(s)
+				tx.DelSet(s)
 			}
 		}
 	}
 	for _, c := range chains {
 		for _, r := range c.enc {
-			tx.addRule(c.name, r)
+			tx.AddRule(c.name, r)
 		}
 	}
 	for _, n := range names {
 		objs := st.services[n].objs
-		tx.forService(&n)
+		tx.SetOwner(owner(&n))
 		for ci := range objs.chains {
 			for _, r := range objs.chains[ci].enc {
-				tx.addRule(objs.chains[ci].name, r)
+				tx.AddRule(objs.chains[ci].name, r)
 			}
 		}
 	}
-	tx.forService(nil)
+	tx.SetOwner(owner(nil))
 
 	// Elements, grouped per set. Range sets are spelled out at the end,
 	// in key order, straight into the batch.
@@ -520,8 +521,8 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 				own[e.set] = append(own[e.set], e.e)
 			}
 			for _, op := range grouped(&n, own) {
-				tx.forService(op.svc)
-				tx.addElems(op.set, op.elems)
+				tx.SetOwner(owner(op.svc))
+				tx.AddElems(op.set, op.elems)
 			}
 			continue
 		}
@@ -535,32 +536,32 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 			rangesBySet[r.set] = append(rangesBySet[r.set], rangeRef{r: r, slots: o.slots[r.group]})
 		}
 	}
-	tx.forService(nil)
+	tx.SetOwner(owner(nil))
 	for set, keys := range st.refs {
 		bySet[set] = slices.Grow(bySet[set], len(keys))
 		for k := range keys {
-			bySet[set] = append(bySet[set], elem{key: []byte(k)})
+			bySet[set] = append(bySet[set], elem{Key: []byte(k)})
 		}
 	}
 	var buf []elem
 	for _, s := range specs {
-		if len(bySet[s.name]) > 0 {
-			if s.interval {
-				sortElems(bySet[s.name])
+		if len(bySet[s.Name]) > 0 {
+			if s.Interval {
+				sortElems(bySet[s.Name])
 			}
-			tx.addElems(s.name, bySet[s.name])
+			tx.AddElems(s.Name, bySet[s.Name])
 		}
-		refs := rangesBySet[s.name]
+		refs := rangesBySet[s.Name]
 		slices.SortFunc(refs, func(a, b rangeRef) int { return bytes.Compare(a.r.prefix, b.r.prefix) })
 		for _, ref := range refs {
 			buf = appendRanges(buf, ref.r, ref.slots)
 			if len(buf) >= 4096 {
-				tx.addElems(s.name, buf)
+				tx.AddElems(s.Name, buf)
 				buf = buf[:0]
 			}
 		}
 		if len(buf) > 0 {
-			tx.addElems(s.name, buf)
+			tx.AddElems(s.Name, buf)
 			buf = buf[:0]
 		}
 	}
@@ -598,16 +599,16 @@ func estimateBatch(st *state) int {
 // is short; in any other order it crosses the whole flushed set.
 func sortElems(els []elem) {
 	slices.SortFunc(els, func(a, b elem) int {
-		if c := bytes.Compare(a.key, b.key); c != 0 {
+		if c := bytes.Compare(a.Key, b.Key); c != 0 {
 			return c
 		}
-		if a.intervalEnd != b.intervalEnd {
-			if a.intervalEnd {
+		if a.IntervalEnd != b.IntervalEnd {
+			if a.IntervalEnd {
 				return -1
 			}
 			return 1
 		}
-		return bytes.Compare(a.keyEnd, b.keyEnd)
+		return bytes.Compare(a.KeyEnd, b.KeyEnd)
 	})
 }
 
@@ -740,17 +741,20 @@ func (b *backend) dropRejected(err error, skip map[model.ServicePortName]error) 
 	if !errors.As(err, &txErr) || len(txErr.Failures) == 0 {
 		return false
 	}
-	for _, f := range txErr.Failures {
+	for i := range txErr.Failures {
 		// ENOENT means a table, chain, set or element the backend
 		// remembers is not in the kernel: the dataplane changed behind
 		// its back, which is no fault of the service port.
-		if f.Service == nil || errors.Is(f.Err, unix.ENOENT) {
+		f := &txErr.Failures[i]
+		if rejectedService(f) == nil || errors.Is(f.Err, unix.ENOENT) {
 			return false
 		}
 	}
-	for _, f := range txErr.Failures {
-		b.log.Warn("kernel rejected a service port; skipping it", "service", f.Service.String(), "op", f.What, "err", f.Err)
-		skip[*f.Service] = fmt.Errorf("kernel rejected %s: %w", f.What, f.Err)
+	for i := range txErr.Failures {
+		f := &txErr.Failures[i]
+		svc := rejectedService(f)
+		b.log.Warn("kernel rejected a service port; skipping it", "service", svc.String(), "op", f.What, "err", f.Err)
+		skip[*svc] = fmt.Errorf("kernel rejected %s: %w", f.What, f.Err)
 	}
 	return true
 }
