@@ -31,8 +31,10 @@ type Message struct {
 	// Name names the chain (chain messages, and a rule's chain), the set
 	// (set and element messages) or is empty (table messages).
 	Name string
-	// Hook is a base chain's hook.
-	Hook *Hook
+	// Hook is a base chain's hook; Policy its policy (VerdictAccept or
+	// VerdictDrop).
+	Hook   *Hook
+	Policy uint32
 	// Set is the definition of a new set.
 	Set *Set
 	// Elems are the elements of an element message; none in an element
@@ -83,8 +85,8 @@ func decodeMessage(typ, flags uint16, proto byte, attrs []byte) (Message, error)
 			}
 		}
 	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
-		var policy uint32 = nfAccept
 		var typName string
+		m.Policy = nfAccept
 		for ad.Next() {
 			switch ad.Type() {
 			case unix.NFTA_CHAIN_TABLE:
@@ -109,7 +111,7 @@ func decodeMessage(typ, flags uint16, proto byte, attrs []byte) (Message, error)
 				})
 				m.Hook = h
 			case unix.NFTA_CHAIN_POLICY:
-				policy = ad.Uint32()
+				m.Policy = ad.Uint32()
 			case unix.NFTA_CHAIN_TYPE:
 				typName = ad.String()
 			}
@@ -117,7 +119,6 @@ func decodeMessage(typ, flags uint16, proto byte, attrs []byte) (Message, error)
 		if m.Hook != nil {
 			m.Hook.Type = typName
 		}
-		_ = policy
 	case unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE:
 		for ad.Next() {
 			switch ad.Type() {
@@ -311,7 +312,8 @@ func (m *Message) format(sb *strings.Builder, sets func(string) *Set) {
 	case unix.NFT_MSG_NEWCHAIN:
 		obj("add", "chain")
 		if h := m.Hook; h != nil {
-			fmt.Fprintf(sb, " { type %s hook %s priority %d; policy accept; }", h.Type, hookName(h.Num), h.Priority)
+			fmt.Fprintf(sb, " { type %s hook %s priority %d; policy %s; }", h.Type, hookName(h.Num), h.Priority,
+				verdictText(&Verdict{Code: int32(m.Policy)}))
 		}
 	case unix.NFT_MSG_DELCHAIN:
 		obj("delete", "chain")

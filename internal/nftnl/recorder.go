@@ -43,7 +43,6 @@ type Recorder struct {
 
 	tables  map[tableID]*recTable
 	batches []string
-	closed  bool
 }
 
 type tableID struct {
@@ -57,8 +56,9 @@ type recTable struct {
 }
 
 type recChain struct {
-	hook  *Hook
-	rules [][]byte
+	hook   *Hook
+	policy uint32
+	rules  [][]byte
 }
 
 type recSet struct {
@@ -84,10 +84,7 @@ func (r *Recorder) Last() string {
 func (r *Recorder) Clear() { r.batches = nil }
 
 // Close implements [Conn]; the model stays readable.
-func (r *Recorder) Close() error {
-	r.closed = true
-	return nil
-}
+func (r *Recorder) Close() error { return nil }
 
 // Commit implements [Conn]: it applies b to the model, all or nothing,
 // and records its text.
@@ -145,7 +142,7 @@ func (r *Recorder) clone() *Recorder {
 	for id, t := range r.tables {
 		nt := &recTable{chains: make(map[string]*recChain, len(t.chains)), sets: make(map[string]*recSet, len(t.sets))}
 		for n, ch := range t.chains {
-			nt.chains[n] = &recChain{hook: ch.hook, rules: slices.Clone(ch.rules)}
+			nt.chains[n] = &recChain{hook: ch.hook, policy: ch.policy, rules: slices.Clone(ch.rules)}
 		}
 		for n, s := range t.sets {
 			nt.sets[n] = &recSet{def: s.def, elems: maps.Clone(s.elems)}
@@ -195,7 +192,7 @@ func (r *Recorder) apply(m *Message) unix.Errno {
 		delete(r.tables, id)
 	case unix.NFT_MSG_NEWCHAIN:
 		if t.chains[m.Name] == nil {
-			t.chains[m.Name] = &recChain{hook: m.Hook}
+			t.chains[m.Name] = &recChain{hook: m.Hook, policy: m.Policy}
 		}
 	case unix.NFT_MSG_DELCHAIN:
 		// The kernel deletes a chain's rules with it; only a chain
@@ -332,7 +329,8 @@ func (r *Recorder) List(proto byte, table string) string {
 	msgs := []Message{{Type: unix.NFT_MSG_NEWTABLE, Proto: proto, Table: table}}
 	chains := slices.Sorted(maps.Keys(t.chains))
 	for _, c := range chains {
-		msgs = append(msgs, Message{Type: unix.NFT_MSG_NEWCHAIN, Proto: proto, Table: table, Name: c, Hook: t.chains[c].hook})
+		ch := t.chains[c]
+		msgs = append(msgs, Message{Type: unix.NFT_MSG_NEWCHAIN, Proto: proto, Table: table, Name: c, Hook: ch.hook, Policy: ch.policy})
 	}
 	for _, n := range slices.Sorted(maps.Keys(t.sets)) {
 		s := t.sets[n]
