@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	mipvs "github.com/moby/ipvs"
 
 	"github.com/proxykit/proxykit/internal/testnet"
@@ -254,12 +253,11 @@ func TestKernelRestartAdopts(t *testing.T) {
 		if l, _ := b.links.find(); l != nil {
 			t.Error("Cleanup left the dummy interface")
 		}
-		tables, err := b.nft.c.ListTables()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == DefaultTableName }) {
-			t.Error("Cleanup left a table")
+		for _, f := range []model.IPFamily{model.IPv4, model.IPv6} {
+			fi := newFamily(f, DefaultTableName)
+			if left, err := b.nft.c.TableExists(t.Context(), fi.table.proto, fi.table.name); err != nil || left {
+				t.Errorf("Cleanup left the %s table (%v)", f, err)
+			}
 		}
 		if err := b.ipvs.remove(foreign); err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,14 +10,17 @@ import (
 	"os"
 	"slices"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
 )
+
+// This file writes the backend's filter and NAT helper table through
+// internal/nftnl: one batch per transaction, sets and elements encoded
+// there, rules built from its shared builders.
 
 // Chain names.
 const (
@@ -35,60 +39,40 @@ const (
 	prioSNAT   = 100
 )
 
-// maxElemsPerMsg bounds the elements in one netlink message.
-const maxElemsPerMsg = 1024
+// tableRef names one table: its family and name.
+type tableRef struct {
+	proto byte
+	name  string
+}
 
-// family is what differs between the ip and ip6 tables.
+// family is what differs between the ip and ip6 tables: internal/nftnl's
+// family facts, the backend's IP family and its table.
 type family struct {
-	fam         model.IPFamily
-	table       *nftables.Table
-	addrType    nftables.SetDatatype
-	addrLen     uint32 // bytes
-	saddrOff    uint32 // offset of the source address in the network header
-	daddrOff    uint32
-	portUnreach uint8
+	nftnl.Family
+	fam   model.IPFamily
+	table tableRef
 }
 
 func newFamily(f model.IPFamily, table string) family {
-	if f == model.IPv6 {
-		return family{
-			fam:         f,
-			table:       &nftables.Table{Name: table, Family: nftables.TableFamilyIPv6},
-			addrType:    nftables.TypeIP6Addr,
-			addrLen:     16,
-			saddrOff:    8,
-			daddrOff:    24,
-			portUnreach: 4, // ICMPV6_PORT_UNREACH
-		}
-	}
-	return family{
-		fam:         f,
-		table:       &nftables.Table{Name: table, Family: nftables.TableFamilyIPv4},
-		addrType:    nftables.TypeIPAddr,
-		addrLen:     4,
-		saddrOff:    12,
-		daddrOff:    16,
-		portUnreach: 3, // ICMP_PORT_UNREACH
-	}
+	nf := nftnl.FamilyOf(f)
+	return family{Family: nf, fam: f, table: tableRef{proto: nf.Proto, name: table}}
 }
 
 // set returns the definition of one of the backend's sets.
-func (f *family) set(name string) *nftables.Set {
-	s := &nftables.Set{Table: f.table, Name: name}
+func (f *family) set(name string) *nftnl.Set {
+	s := &nftnl.Set{Name: name, ID: uint32(slices.Index(setNames, name) + 1)}
 	switch name {
 	case setProtocols:
-		s.KeyType = nftables.TypeInetProto
+		s.Key = nftnl.TypeInetProto
 	case setServiceAddrs:
-		s.KeyType = f.addrType
+		s.Key = f.AddrType
 	case setHairpin:
-		s.KeyType = nftables.MustConcatSetType(f.addrType, f.addrType)
-		s.Concatenation = true
+		s.Key = nftnl.Concat(f.AddrType, f.AddrType)
 	case setFirewallOK:
-		s.KeyType = nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType)
-		s.Concatenation, s.Interval = true, true
+		s.Key = nftnl.Concat(f.AddrType, nftnl.TypeInetProto, nftnl.TypeInetService, f.AddrType)
+		s.Interval = true
 	default:
-		s.KeyType = nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService)
-		s.Concatenation = true
+		s.Key = nftnl.Concat(f.AddrType, nftnl.TypeInetProto, nftnl.TypeInetService)
 	}
 	return s
 }
@@ -99,26 +83,13 @@ var setNames = []string{
 	setMasqExternal, setFirewall, setFirewallOK, setHairpin,
 }
 
-func (f *family) addr(a netip.Addr) []byte {
-	if f.fam == model.IPv6 {
-		b := a.As16()
-		return b[:]
-	}
-	b := a.Unmap().As4()
-	return b[:]
-}
-
 // keyBytes encodes address . protocol . port, each field padded to 4
 // bytes as in a concatenation.
-func (f *family) keyBytes(k vsKey) []byte {
-	b := f.addr(k.Addr)
-	b = append(b, k.Proto.Number(), 0, 0, 0)
-	return append(b, byte(k.Port>>8), byte(k.Port), 0, 0)
-}
+func (f *family) keyBytes(k vsKey) []byte { return f.Key(k.Addr, k.Proto, k.Port) }
 
 // decodeKey is the inverse of keyBytes.
 func (f *family) decodeKey(b []byte) (vsKey, bool) {
-	n := int(f.addrLen)
+	n := int(f.AddrLen)
 	if len(b) != n+8 {
 		return vsKey{}, false
 	}
@@ -128,184 +99,108 @@ func (f *family) decodeKey(b []byte) (vsKey, bool) {
 }
 
 // element encodes e.
-func (f *family) element(e elem) nftables.SetElement {
+func (f *family) element(e elem) nftnl.Elem {
 	switch e.Set {
 	case setServiceAddrs:
-		return nftables.SetElement{Key: f.addr(e.Addr)}
+		return nftnl.Elem{Key: f.Addr(e.Addr)}
 	case setHairpin:
-		return nftables.SetElement{Key: slices.Concat(f.addr(e.Addr), f.addr(e.Addr))}
+		return nftnl.Elem{Key: slices.Concat(f.Addr(e.Addr), f.Addr(e.Addr))}
 	case setFirewallOK:
 		k := f.keyBytes(e.Key)
-		return nftables.SetElement{Key: slices.Concat(k, f.addr(e.Src.Addr())), KeyEnd: slices.Concat(k, f.addr(lastAddr(e.Src)))}
+		return nftnl.Elem{Key: slices.Concat(k, f.Addr(e.Src.Addr())), KeyEnd: slices.Concat(k, f.Addr(nftnl.LastAddr(e.Src)))}
 	}
-	return nftables.SetElement{Key: f.keyBytes(e.Key)}
+	return nftnl.Elem{Key: f.keyBytes(e.Key)}
 }
 
-// lastAddr returns the last address of a prefix.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := range b {
-		bits := p.Bits() - i*8
-		switch {
-		case bits >= 8:
-		case bits <= 0:
-			b[i] = 0xff
-		default:
-			b[i] |= 0xff >> bits
-		}
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
-// Registers: 32-bit registers NFT_REG32_00 (8) upward.
-func reg(i uint32) uint32 { return 8 + i }
-
-func u32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
-
-// loadKey loads daddr . l4proto . th dport from register 0 and returns
-// the next free register.
-func (f *family) loadKey() ([]expr.Any, uint32) {
-	n := f.addrLen / 4
-	return []expr.Any{
-		&expr.Payload{DestRegister: reg(0), Base: expr.PayloadBaseNetworkHeader, Offset: f.daddrOff, Len: f.addrLen},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg(n)},
-		&expr.Payload{DestRegister: reg(n + 1), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-	}, n + 2
-}
-
-func lookup(set string, r uint32, invert bool) expr.Any {
-	return &expr.Lookup{SourceRegister: r, SetName: set, Invert: invert}
-}
-
-func (f *family) keyIn(set string) []expr.Any {
-	k, _ := f.loadKey()
-	return append(k, lookup(set, reg(0), false))
-}
-
-func ctStateNew() []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Register: reg(0), Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: u32(expr.CtStateBitNEW), Xor: u32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg(0), Data: u32(0)},
-	}
-}
-
-func setMark(bit uint32) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg(0)},
-		&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: u32(^bit), Xor: u32(bit)},
-		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg(0)},
-	}
-}
-
-func verdict(k expr.VerdictKind, chain string) expr.Any {
-	return &expr.Verdict{Kind: k, Chain: chain}
+// keyIn matches packets whose daddr . l4proto . dport is in set.
+func (f *family) keyIn(set string) nftnl.Rule {
+	k, _ := f.KeyExprs()
+	return append(k, nftnl.Lookup(set, nftnl.Reg(0), false))
 }
 
 // chainDef is a chain with its rules.
 type chainDef struct {
-	chain *nftables.Chain
-	rules [][]expr.Any
+	name  string
+	hook  *nftnl.Hook // nil for a regular chain
+	rules []nftnl.Rule
 }
 
 // skeleton returns the backend's chains and rules; regular chains first,
 // so that base chains can jump to them.
 func (f *family) skeleton(cfg *Config) []chainDef {
 	bit := cfg.MasqueradeBit
-	regular := func(name string) *nftables.Chain { return &nftables.Chain{Table: f.table, Name: name} }
-	base := func(name string, hook *nftables.ChainHook, typ nftables.ChainType, prio int32) *nftables.Chain {
-		p := nftables.ChainPriority(prio)
-		accept := nftables.ChainPolicyAccept
-		return &nftables.Chain{Table: f.table, Name: name, Hooknum: hook, Type: typ, Priority: &p, Policy: &accept}
-	}
-	key, next := f.loadKey()
-	with := func(parts ...[]expr.Any) []expr.Any { return slices.Concat(parts...) }
+	reg := nftnl.Reg
+	key, next := f.KeyExprs()
+	with := func(parts ...nftnl.Rule) nftnl.Rule { return slices.Concat(parts...) }
+	reject := f.Reject()
 
 	// mark-cluster: cluster IP traffic that needs masquerading.
-	var markCluster [][]expr.Any
+	var markCluster []nftnl.Rule
 	switch cidrs := f.clusterCIDRs(cfg); {
 	case cfg.MasqueradeAll:
-		markCluster = append(markCluster, setMark(bit))
+		markCluster = append(markCluster, nftnl.SetMark(bit))
 	case len(cidrs) > 0:
 		for _, p := range cidrs {
-			markCluster = append(markCluster, []expr.Any{
-				&expr.Payload{DestRegister: reg(0), Base: expr.PayloadBaseNetworkHeader, Offset: f.saddrOff, Len: f.addrLen},
-				&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: f.addrLen, Mask: f.mask(p.Bits()), Xor: make([]byte, f.addrLen)},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: reg(0), Data: f.addr(p.Masked().Addr())},
-				verdict(expr.VerdictReturn, ""),
+			markCluster = append(markCluster, nftnl.Rule{
+				f.LoadSaddr(reg(0)),
+				&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: f.AddrLen, Mask: f.mask(p.Bits()), Xor: make([]byte, f.AddrLen)},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg(0), Data: f.Addr(p.Masked().Addr())},
+				nftnl.Return(),
 			})
 		}
-		markCluster = append(markCluster, setMark(bit))
+		markCluster = append(markCluster, nftnl.SetMark(bit))
 	}
 
-	services := [][]expr.Any{
+	services := []nftnl.Rule{
 		// Policy Local without local endpoints: drop.
-		with(f.keyIn(setDrop), []expr.Any{verdict(expr.VerdictDrop, "")}),
+		with(f.keyIn(setDrop), nftnl.Rule{nftnl.Drop()}),
 		// No endpoints at all: reject.
-		with(f.keyIn(setReject), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: f.portUnreach}}),
+		with(f.keyIn(setReject), nftnl.Rule{reject}),
 		// A service address on a port that is not a service port:
 		// reject, so host services listening on 0.0.0.0 are not
 		// reachable through service addresses.
-		with([]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg(0)},
-			lookup(setProtocols, reg(0), false),
-			&expr.Payload{DestRegister: reg(0), Base: expr.PayloadBaseNetworkHeader, Offset: f.daddrOff, Len: f.addrLen},
-			lookup(setServiceAddrs, reg(0), false),
-		}, key, []expr.Any{lookup(setVirtual, reg(0), true),
-			&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: f.portUnreach}}),
+		with(nftnl.Rule{
+			nftnl.LoadL4Proto(reg(0)),
+			nftnl.Lookup(setProtocols, reg(0), false),
+			f.LoadDaddr(reg(0)),
+			nftnl.Lookup(setServiceAddrs, reg(0), false),
+		}, key, nftnl.Rule{nftnl.Lookup(setVirtual, reg(0), true), reject}),
 		// External traffic with policy Cluster is masqueraded.
-		with(f.keyIn(setMasqExternal), setMark(bit)),
+		with(f.keyIn(setMasqExternal), nftnl.SetMark(bit)),
 	}
 	if len(markCluster) > 0 {
-		services = append(services, with(f.keyIn(setCluster), []expr.Any{verdict(expr.VerdictJump, chainMarkCluster)}))
+		services = append(services, with(f.keyIn(setCluster), nftnl.Rule{nftnl.Jump(chainMarkCluster)}))
 	}
 
-	firewall := [][]expr.Any{
-		with(key, []expr.Any{
-			&expr.Payload{DestRegister: reg(next), Base: expr.PayloadBaseNetworkHeader, Offset: f.saddrOff, Len: f.addrLen},
-			lookup(setFirewallOK, reg(0), false),
-			verdict(expr.VerdictReturn, ""),
-		}),
-		{verdict(expr.VerdictDrop, "")},
+	firewall := []nftnl.Rule{
+		with(key, nftnl.Rule{f.LoadSaddr(reg(next)), nftnl.Lookup(setFirewallOK, reg(0), false), nftnl.Return()}),
+		{nftnl.Drop()},
 	}
 
+	toFirewall := with(nftnl.CtStateNew(), f.keyIn(setFirewall), nftnl.Rule{nftnl.Jump(chainFirewall)})
+	toServices := with(nftnl.CtStateNew(), nftnl.Rule{nftnl.Jump(chainServices)})
 	var defs []chainDef
 	if len(markCluster) > 0 {
-		defs = append(defs, chainDef{regular(chainMarkCluster), markCluster})
+		defs = append(defs, chainDef{chainMarkCluster, nil, markCluster})
 	}
 	defs = append(defs,
-		chainDef{regular(chainServices), services},
-		chainDef{regular(chainFirewall), firewall},
-		chainDef{base(chainInput, nftables.ChainHookInput, nftables.ChainTypeFilter, prioFilter), [][]expr.Any{
-			with(ctStateNew(), f.keyIn(setFirewall), []expr.Any{verdict(expr.VerdictJump, chainFirewall)}),
-			with(ctStateNew(), []expr.Any{verdict(expr.VerdictJump, chainServices)}),
-		}},
-		chainDef{base(chainOutput, nftables.ChainHookOutput, nftables.ChainTypeFilter, prioFilter), [][]expr.Any{
+		chainDef{chainServices, nil, services},
+		chainDef{chainFirewall, nil, firewall},
+		chainDef{chainInput, &nftnl.Hook{Num: unix.NF_INET_LOCAL_IN, Priority: prioFilter, Type: "filter"},
+			[]nftnl.Rule{toFirewall, toServices}},
+		chainDef{chainOutput, &nftnl.Hook{Num: unix.NF_INET_LOCAL_OUT, Priority: prioFilter, Type: "filter"}, []nftnl.Rule{
 			// Source ranges hold for the node's own traffic too (as
 			// in kube-proxy), checked before IPVS takes it.
-			with(ctStateNew(), f.keyIn(setFirewall), []expr.Any{verdict(expr.VerdictJump, chainFirewall)}),
-			with(ctStateNew(), []expr.Any{verdict(expr.VerdictJump, chainServices)}),
+			toFirewall,
+			toServices,
 			// The node's own traffic to a cluster IP leaves from
 			// the service address itself: masquerade it.
-			with(ctStateNew(), f.keyIn(setCluster), setMark(bit)),
+			with(nftnl.CtStateNew(), f.keyIn(setCluster), nftnl.SetMark(bit)),
 		}},
-		chainDef{base(chainPostrouting, nftables.ChainHookPostrouting, nftables.ChainTypeNAT, prioSNAT), [][]expr.Any{
-			{
-				&expr.Meta{Key: expr.MetaKeyMARK, Register: reg(0)},
-				&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(1), Len: 4, Mask: u32(bit), Xor: u32(0)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg(1), Data: u32(0)},
-				&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: u32(^bit), Xor: u32(0)},
-				&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg(0)},
-				&expr.Masq{FullyRandom: true},
-			},
+		chainDef{chainPostrouting, &nftnl.Hook{Num: unix.NF_INET_POST_ROUTING, Priority: prioSNAT, Type: "nat"}, []nftnl.Rule{
+			nftnl.MasqueradeMarked(bit),
 			// Hairpin: an endpoint reaching itself through a service.
-			{
-				&expr.Payload{DestRegister: reg(0), Base: expr.PayloadBaseNetworkHeader, Offset: f.saddrOff, Len: f.addrLen},
-				&expr.Payload{DestRegister: reg(f.addrLen / 4), Base: expr.PayloadBaseNetworkHeader, Offset: f.daddrOff, Len: f.addrLen},
-				lookup(setHairpin, reg(0), false),
-				&expr.Masq{FullyRandom: true},
-			},
+			{f.LoadSaddr(reg(0)), f.LoadDaddr(reg(f.AddrRegs())), nftnl.Lookup(setHairpin, reg(0), false), nftnl.Masquerade()},
 		}},
 	)
 	return defs
@@ -313,7 +208,7 @@ func (f *family) skeleton(cfg *Config) []chainDef {
 
 // mask returns a prefix mask of the family's address length.
 func (f *family) mask(bits int) []byte {
-	m := make([]byte, f.addrLen)
+	m := make([]byte, f.AddrLen)
 	for i := range m {
 		switch b := bits - i*8; {
 		case b >= 8:
@@ -335,74 +230,59 @@ func (f *family) clusterCIDRs(cfg *Config) []netip.Prefix {
 	return out
 }
 
-// nftConn is the backend's nftables connection in its namespace.
+// nftConn is the backend's nf_tables connection: the kernel's in its
+// namespace, or a recorder in tests.
 type nftConn struct {
-	c *nftables.Conn
+	c nftnl.Conn
 }
 
 func dialNft(ns *netns.NS) (*nftConn, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(bigBuffers)}
-	if !ns.Own() {
-		opts = append(opts, nftables.WithNetNSFd(ns.Fd()))
-	}
-	c, err := nftables.New(opts...)
+	c, err := nftnl.Dial(ns)
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	return &nftConn{c: c}, nil
 }
 
-// bigBuffers lets a full sync of many services go in one batch.
-func bigBuffers(c *mnl.Conn) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	err = rc.Control(func(fd uintptr) {
-		for _, o := range []int{unix.SO_SNDBUFFORCE, unix.SO_RCVBUFFORCE} {
-			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o, 64<<20); e != nil && !errors.Is(e, unix.EPERM) {
-				serr = e
-			}
-		}
-	})
-	return errors.Join(err, serr)
-}
-
 func (n *nftConn) close() error {
 	if n == nil || n.c == nil {
 		return nil
 	}
-	err := n.c.CloseLasting()
+	err := n.c.Close()
 	n.c = nil
 	return err
 }
 
-// addElems queues the addition (or deletion) of elements, in messages of
-// at most maxElemsPerMsg elements.
-func (n *nftConn) queueElems(f *family, elems []elem, del bool) error {
-	bySet := map[string][]nftables.SetElement{}
+// commit commits tx. The backend's operations take no context (nor do
+// the IPVS and route netlink calls around them); a commit is one sendto.
+func (n *nftConn) commit(tx *nftnl.Batch) error { return n.c.Commit(context.Background(), tx) }
+
+// addElems adds (or, del, deletes) elements to the table's sets, in set
+// order; the batch splits large lists over several messages.
+func (n *nftConn) addElems(tx *nftnl.Batch, f *family, elems []elem, del bool) {
+	bySet := map[string][]nftnl.Elem{}
 	for _, e := range elems {
 		bySet[e.Set] = append(bySet[e.Set], f.element(e))
 	}
 	for _, name := range setNames {
-		els := bySet[name]
-		s := f.set(name)
-		for len(els) > 0 {
-			chunk := els[:min(len(els), maxElemsPerMsg)]
-			els = els[len(chunk):]
-			var err error
+		if els := bySet[name]; len(els) > 0 {
 			if del {
-				err = n.c.SetDeleteElements(s, chunk)
+				tx.DelElems(name, els)
 			} else {
-				err = n.c.SetAddElements(s, chunk)
-			}
-			if err != nil {
-				return err
+				tx.AddElems(name, els)
 			}
 		}
 	}
-	return nil
+}
+
+// updateElems adds (or, del, deletes) elements in one transaction.
+func (n *nftConn) updateElems(f *family, elems []elem, del bool) error {
+	if len(elems) == 0 {
+		return nil
+	}
+	tx := nftnl.NewBatch(f.table.proto, f.table.name)
+	n.addElems(tx, f, elems, del)
+	return n.commit(tx)
 }
 
 // replaceTable makes the family's table hold the skeleton and elems, in
@@ -413,126 +293,104 @@ func (n *nftConn) queueElems(f *family, elems []elem, del bool) error {
 // earlier version's table with other set definitions) is the table
 // deleted and created again, in the transaction that fills it.
 func (n *nftConn) replaceTable(f *family, cfg *Config, elems []elem, log *slog.Logger) error {
-	chains, err := n.c.ListChainsOfTableFamily(f.table.Family)
+	existing, exists, err := n.c.Chains(context.Background(), f.table.proto, f.table.name)
 	if err != nil {
 		return err
-	}
-	var existing []string
-	exists := false
-	for _, c := range chains {
-		if c.Table.Name == f.table.Name {
-			existing = append(existing, c.Name)
-			exists = true
-		}
-	}
-	if !exists {
-		tables, err := n.c.ListTablesOfFamily(f.table.Family)
-		if err != nil {
-			return err
-		}
-		exists = slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == f.table.Name })
 	}
 	if exists {
 		err := n.fillInPlace(f, cfg, elems, existing)
 		if err == nil {
 			return nil
 		}
-		log.Warn("kernel refused to refill the table in place; replacing it", "table", f.table.Name, "err", err)
+		log.Warn("kernel refused to refill the table in place; replacing it", "table", f.table.name, "err", err)
 	}
-	n.c.AddTable(f.table)
-	n.c.DelTable(f.table)
-	n.c.AddTable(f.table)
-	if err := n.addSkeleton(f, cfg, false); err != nil {
+	tx := nftnl.NewBatch(f.table.proto, f.table.name)
+	tx.AddTable()
+	tx.DelTable()
+	tx.AddTable()
+	if err := n.addSkeleton(tx, f, cfg, false); err != nil {
 		return err
 	}
-	if err := n.queueElems(f, elems, false); err != nil {
-		return err
-	}
-	return n.c.Flush()
+	n.addElems(tx, f, elems, false)
+	return n.commit(tx)
 }
 
 // fillInPlace flushes the existing table's sets and chains and fills
 // them again, deleting the chains in existing that the skeleton lacks.
 func (n *nftConn) fillInPlace(f *family, cfg *Config, elems []elem, existing []string) error {
-	n.c.AddTable(f.table)
-	if err := n.addSkeleton(f, cfg, true); err != nil {
+	tx := nftnl.NewBatch(f.table.proto, f.table.name)
+	tx.AddTable()
+	if err := n.addSkeleton(tx, f, cfg, true); err != nil {
 		return err
 	}
 	want := map[string]bool{}
 	for _, d := range f.skeleton(cfg) {
-		want[d.chain.Name] = true
+		want[d.name] = true
 	}
 	for _, c := range existing {
 		if !want[c] {
-			n.c.DelChain(&nftables.Chain{Table: f.table, Name: c})
+			tx.DelChain(c)
 		}
 	}
-	if err := n.queueElems(f, elems, false); err != nil {
-		return err
-	}
-	return n.c.Flush()
+	n.addElems(tx, f, elems, false)
+	return n.commit(tx)
 }
 
-// addSkeleton queues the sets, chains and rules of the table; flush
+// addSkeleton adds the sets, chains and rules of the table to tx; flush
 // first empties the sets and chains that may exist.
-func (n *nftConn) addSkeleton(f *family, cfg *Config, flush bool) error {
+func (n *nftConn) addSkeleton(tx *nftnl.Batch, f *family, cfg *Config, flush bool) error {
 	for _, name := range setNames {
-		s := f.set(name)
-		var els []nftables.SetElement
+		tx.AddSet(f.set(name))
+		if flush {
+			tx.FlushSet(name)
+		}
 		if name == setProtocols {
+			var els []nftnl.Elem
 			for _, p := range []model.Protocol{model.TCP, model.UDP, model.SCTP} {
-				els = append(els, nftables.SetElement{Key: []byte{p.Number()}})
+				els = append(els, nftnl.Elem{Key: []byte{p.Number()}})
 			}
-		}
-		if !flush {
-			if err := n.c.AddSet(s, els); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := n.c.AddSet(s, nil); err != nil {
-			return err
-		}
-		n.c.FlushSet(s)
-		if len(els) > 0 {
-			if err := n.c.SetAddElements(s, els); err != nil {
-				return err
-			}
+			tx.AddElems(name, els)
 		}
 	}
 	defs := f.skeleton(cfg)
 	for _, d := range defs {
-		n.c.AddChain(d.chain)
+		tx.AddChain(d.name, d.hook)
 		if flush {
-			n.c.FlushChain(d.chain)
+			tx.FlushChain(d.name)
 		}
 	}
 	for _, d := range defs {
 		for _, r := range d.rules {
-			n.c.AddRule(&nftables.Rule{Table: f.table, Chain: d.chain, Exprs: r})
+			enc, err := nftnl.Encode(f.Proto, r)
+			if err != nil {
+				return fmt.Errorf("chain %s: %w", d.name, err)
+			}
+			tx.AddRule(d.name, enc)
 		}
 	}
 	return nil
 }
 
-// deleteTable deletes the family's table whether or not it exists.
-func (n *nftConn) deleteTable(t *nftables.Table) error {
-	n.c.AddTable(t)
-	n.c.DelTable(t)
-	return n.c.Flush()
+// deleteTable deletes a table whether or not it exists.
+func (n *nftConn) deleteTable(t tableRef) error {
+	tx := nftnl.NewBatch(t.proto, t.name)
+	tx.AddTable()
+	tx.DelTable()
+	return n.commit(tx)
 }
 
 // virtualServers reads the virtual servers recorded in the family's
-// table; none when there is no table.
+// table; none when there is no table (or no such set in it).
 func (n *nftConn) virtualServers(f *family) ([]vsKey, error) {
-	tables, err := n.c.ListTablesOfFamily(f.table.Family)
-	if err != nil {
+	ctx := context.Background()
+	exists, err := n.c.TableExists(ctx, f.table.proto, f.table.name)
+	if err != nil || !exists {
 		return nil, err
 	}
-	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == f.table.Name }) {
+	els, err := n.c.SetElements(ctx, f.table.proto, f.table.name, setVirtual)
+	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
-	els, err := n.c.GetSetElements(f.set(setVirtual))
 	if err != nil {
 		return nil, err
 	}
@@ -548,11 +406,12 @@ func (n *nftConn) virtualServers(f *family) ([]vsKey, error) {
 // probe checks that the kernel takes the backend's table, in a
 // transaction that creates a scratch table and deletes it.
 func (n *nftConn) probe(f family, cfg *Config) error {
-	f.table = &nftables.Table{Name: fmt.Sprintf("%s-probe-%d", f.table.Name, os.Getpid()), Family: f.table.Family}
-	n.c.AddTable(f.table)
-	if err := n.addSkeleton(&f, cfg, false); err != nil {
+	f.table.name = fmt.Sprintf("%s-probe-%d", f.table.name, os.Getpid())
+	tx := nftnl.NewBatch(f.table.proto, f.table.name)
+	tx.AddTable()
+	if err := n.addSkeleton(tx, &f, cfg, false); err != nil {
 		return err
 	}
-	n.c.DelTable(f.table)
-	return n.c.Flush()
+	tx.DelTable()
+	return n.commit(tx)
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
 )
 
@@ -17,8 +18,8 @@ func TestKeyEncoding(t *testing.T) {
 		}
 		k := vsKey{netip.MustParseAddr(a), model.SCTP, 30077}
 		b := fi.keyBytes(k)
-		if uint32(len(b)) != fi.set(setVirtual).KeyType.Bytes {
-			t.Errorf("%v: key of %d bytes for a set of %d", f, len(b), fi.set(setVirtual).KeyType.Bytes)
+		if uint32(len(b)) != fi.set(setVirtual).Key.Len() {
+			t.Errorf("%v: key of %d bytes for a set of %d", f, len(b), fi.set(setVirtual).Key.Len())
 		}
 		got, ok := fi.decodeKey(b)
 		if !ok || got != k {
@@ -41,7 +42,7 @@ func TestFirewallElementRange(t *testing.T) {
 	if got := e.KeyEnd[12:]; !bytes.Equal(got, []byte{198, 51, 101, 255}) {
 		t.Errorf("range end %v", got)
 	}
-	if got := lastAddr(netip.MustParsePrefix("2001:db8::/32")); got != netip.MustParseAddr("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff") {
+	if got := nftnl.LastAddr(netip.MustParsePrefix("2001:db8::/32")); got != netip.MustParseAddr("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff") {
 		t.Errorf("last address %v", got)
 	}
 	if got := fi.mask(20); !bytes.Equal(got, []byte{255, 255, 240, 0}) {
@@ -56,9 +57,9 @@ func TestSkeletonHasEveryChain(t *testing.T) {
 		cfg.ClusterCIDRs = nil
 		seen := map[string]bool{}
 		for _, d := range fi.skeleton(&cfg) {
-			seen[d.chain.Name] = true
+			seen[d.name] = true
 			if len(d.rules) == 0 {
-				t.Errorf("chain %s has no rules", d.chain.Name)
+				t.Errorf("chain %s has no rules", d.name)
 			}
 		}
 		for _, c := range []string{chainInput, chainOutput, chainPostrouting, chainServices, chainFirewall} {

@@ -364,10 +364,7 @@ func (b *backend) syncIncremental(st *state, c *change) (map[model.ServicePortNa
 		return nil, nil
 	}
 	if len(c.addElems) > 0 {
-		if err := b.nft.queueElems(&b.fi, c.addElems, false); err != nil {
-			return nil, fmt.Errorf("ipvs: %w", err)
-		}
-		if err := b.nft.c.Flush(); err != nil {
+		if err := b.nft.updateElems(&b.fi, c.addElems, false); err != nil {
 			return nil, fmt.Errorf("ipvs: add set elements: %w", err)
 		}
 	}
@@ -402,10 +399,7 @@ func (b *backend) syncIncremental(st *state, c *change) (map[model.ServicePortNa
 		delete(b.draining, s.Key)
 	}
 	if len(c.delElems) > 0 {
-		if err := b.nft.queueElems(&b.fi, c.delElems, true); err != nil {
-			return opErrs, fmt.Errorf("ipvs: %w", err)
-		}
-		if err := b.nft.c.Flush(); err != nil {
+		if err := b.nft.updateElems(&b.fi, c.delElems, true); err != nil {
 			return opErrs, fmt.Errorf("ipvs: delete set elements: %w", err)
 		}
 	}
