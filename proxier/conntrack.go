@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,24 +17,27 @@ import (
 // untranslated TCP SYNs left to service addresses that have just been
 // programmed.
 type conntrackHook struct {
-	log     *slog.Logger
-	node    *Node
-	deleted prometheus.Counter
+	log  *slog.Logger
+	node *Node
+	// deleted and duration are labelled ip_family.
+	deleted  *prometheus.CounterVec
+	duration *prometheus.HistogramVec
 	// last programmed ports per family, so flows to a deleted service can
 	// still be found and a TCP address that is new can be told from one
 	// already programmed.
 	last map[model.IPFamily]map[model.ServicePortName]*model.ServicePort
 }
 
-func newConntrackHook(node *Node, log *slog.Logger, deleted prometheus.Counter) (*conntrackHook, error) {
+func newConntrackHook(node *Node, log *slog.Logger, deleted *prometheus.CounterVec, duration *prometheus.HistogramVec) (*conntrackHook, error) {
 	if err := node.openConntrack(); err != nil {
 		return nil, err
 	}
 	return &conntrackHook{
-		log:     log,
-		node:    node,
-		deleted: deleted,
-		last:    map[model.IPFamily]map[model.ServicePortName]*model.ServicePort{},
+		log:      log,
+		node:     node,
+		deleted:  deleted,
+		duration: duration,
+		last:     map[model.IPFamily]map[model.ServicePortName]*model.ServicePort{},
 	}, nil
 }
 
@@ -91,12 +95,14 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 	if len(valid) == 0 {
 		return
 	}
+	start := time.Now()
 	n, err := c.node.cleanConntrack(fam, valid)
+	c.duration.WithLabelValues(fam.String()).Observe(time.Since(start).Seconds())
 	if err != nil {
 		c.log.Warn("conntrack cleanup failed", "family", fam.String(), "err", err)
 	}
 	if n > 0 {
-		c.deleted.Add(float64(n))
+		c.deleted.WithLabelValues(fam.String()).Add(float64(n))
 		c.log.Debug("deleted stale conntrack flows", "family", fam.String(), "flows", n)
 	}
 }

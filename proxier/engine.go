@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,9 +52,18 @@ type Engine struct {
 	running        bool
 	closed         bool
 	health         Health
-	triggerTimes   []time.Time // EndpointSlice change times not yet programmed
-	syncing        bool        // a sync has captured eventSeq and runs
-	pendingAfter   time.Time   // first event after that capture
+	// triggerTimes are the EndpointSlice change times not yet
+	// programmed, per family of the slice, from New on.
+	triggerTimes map[model.IPFamily][]time.Time
+	started      time.Time
+	syncing      bool      // a sync has captured eventSeq and runs
+	pendingAfter time.Time // first event after that capture
+	// The changes not yet programmed (the *_changes_pending gauges):
+	// Services and EndpointSlice events since the last capture by a
+	// sync (svcPending, epPending) and those captured by syncs that
+	// have not succeeded yet (svcTaken, epTaken).
+	svcPending, svcTaken map[model.ServiceName]struct{}
+	epPending, epTaken   int
 }
 
 var _ Proxier = (*Engine)(nil)
@@ -123,7 +133,11 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		// Nothing is programmed yet: the first sync is pending from
 		// now, so /healthz turns 503 when the initial lists do not
 		// arrive within the health timeout.
-		health: Health{OldestPending: time.Now()},
+		health:       Health{OldestPending: time.Now()},
+		started:      time.Now(),
+		triggerTimes: map[model.IPFamily][]time.Time{},
+		svcPending:   map[model.ServiceName]struct{}{},
+		svcTaken:     map[model.ServiceName]struct{}{},
 	}
 	var err error
 	if e.metrics, err = newMetrics(cfg, backends[0].Name()); err != nil {
@@ -176,7 +190,7 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 		}
 	}
 	if !cfg.NoConntrackCleanup {
-		ct, err := newConntrackHook(e.node, e.log, e.metrics.conntrackDeleted)
+		ct, err := newConntrackHook(e.node, e.log, e.metrics.conntrackDeleted, e.metrics.conntrackDuration)
 		if err != nil {
 			e.closeNode()
 			return nil, err
@@ -212,7 +226,19 @@ func (e *Engine) event(apply func()) {
 	}
 	e.mu.Unlock()
 	e.runner.request()
-	e.metrics.lastQueued.SetToCurrentTime()
+	e.metrics.queued(e.families)
+}
+
+// setPending sets the *_changes_pending gauges. The caller holds e.mu.
+func (e *Engine) setPending() {
+	n := len(e.svcTaken)
+	for name := range e.svcPending {
+		if _, ok := e.svcTaken[name]; !ok {
+			n++
+		}
+	}
+	e.metrics.servicePending.Set(float64(n))
+	e.metrics.endpointPending.Set(float64(e.epPending + e.epTaken))
 }
 
 // OnServiceAdd implements [ServiceHandler].
@@ -223,6 +249,10 @@ func (e *Engine) OnServiceUpdate(oldSvc, svc *v1.Service) {
 	e.event(func() {
 		for _, f := range e.families {
 			f.tracker.OnService(oldSvc, svc)
+		}
+		if s := cmp.Or(svc, oldSvc); s != nil {
+			e.svcPending[model.ServiceName{Namespace: s.Namespace, Name: s.Name}] = struct{}{}
+			e.setPending()
 		}
 	})
 	e.metrics.serviceChanges.Inc()
@@ -242,13 +272,18 @@ func (e *Engine) OnEndpointSliceAdd(slice *discoveryv1.EndpointSlice) {
 // OnEndpointSliceUpdate implements [EndpointSliceHandler].
 func (e *Engine) OnEndpointSliceUpdate(_, slice *discoveryv1.EndpointSlice) {
 	trigger := triggerTime(slice)
+	fam, famOK := sliceFamily(slice)
 	e.event(func() {
-		if !trigger.IsZero() {
-			e.triggerTimes = append(e.triggerTimes, trigger)
+		// As kube-proxy, only changes made since the proxier started
+		// count: the initial list holds old times.
+		if famOK && trigger.After(e.started) {
+			e.triggerTimes[fam] = append(e.triggerTimes[fam], trigger)
 		}
 		for _, f := range e.families {
 			f.tracker.OnEndpointSlice(slice, false)
 		}
+		e.epPending++
+		e.setPending()
 	})
 	e.metrics.endpointChanges.Inc()
 }
@@ -259,6 +294,8 @@ func (e *Engine) OnEndpointSliceDelete(slice *discoveryv1.EndpointSlice) {
 		for _, f := range e.families {
 			f.tracker.OnEndpointSlice(slice, true)
 		}
+		e.epPending++
+		e.setPending()
 	})
 	e.metrics.endpointChanges.Inc()
 }
@@ -346,7 +383,10 @@ func familyCIDRs(f model.IPFamily, a, b []netip.Prefix) []netip.Prefix {
 }
 
 // Sync implements [Proxier].
-func (e *Engine) Sync() { e.runner.request() }
+func (e *Engine) Sync() {
+	e.runner.request()
+	e.metrics.queued(e.families)
+}
 
 // Flush implements [Proxier].
 func (e *Engine) Flush(ctx context.Context) error {
@@ -393,6 +433,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.mu.Unlock()
 	}()
 	e.runner.request()
+	e.metrics.queued(e.families)
 	e.runner.loop(ctx, e.syncOnce, time.Now)
 	return nil
 }
@@ -409,7 +450,11 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	seq := e.eventSeq
 	e.syncing, e.pendingAfter = true, time.Time{}
 	triggers := e.triggerTimes
-	e.triggerTimes = nil
+	e.triggerTimes = map[model.IPFamily][]time.Time{}
+	maps.Copy(e.svcTaken, e.svcPending)
+	clear(e.svcPending)
+	e.epTaken += e.epPending
+	e.epPending = 0
 	topo := e.topo
 	topoChanged := e.topoChanged
 	e.topoChanged = false
@@ -438,9 +483,13 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	e.serveServiceHealth(lowerServiceHealth(e.hcServed, want))
 	ok = true
 	for _, f := range e.families {
-		if !e.syncFamily(ctx, f, nodeIPs, familyCIDRs(f.backend.Family(), e.cfg.ServiceCIDRs, serviceCIDRs)) {
+		fam := f.backend.Family()
+		if !e.syncFamily(ctx, f, nodeIPs, familyCIDRs(fam, e.cfg.ServiceCIDRs, serviceCIDRs)) {
 			ok = false
+			continue
 		}
+		e.metrics.observeProgramming(fam, triggers[fam], time.Now())
+		delete(triggers, fam)
 	}
 	if ok {
 		// A failed sync leaves the lowered counts: the dataplane may be
@@ -452,10 +501,10 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 			e.syncedSeq = seq
 		}
 		e.health.LastSync = time.Now()
-		for _, t := range triggers {
-			e.metrics.programming.Observe(e.health.LastSync.Sub(t).Seconds())
-		}
 		e.health.OldestPending = e.pendingAfter
+		clear(e.svcTaken)
+		e.epTaken = 0
+		e.setPending()
 		// Flush waiters wake once the dataplane and the health check
 		// node ports both match what was synced.
 		for _, w := range e.waiters {
@@ -469,8 +518,9 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	}
 	e.mu.Lock()
 	e.syncing = false
-	if !ok {
-		e.triggerTimes = append(triggers, e.triggerTimes...)
+	// The families that failed measure their changes when they succeed.
+	for fam, ts := range triggers {
+		e.triggerTimes[fam] = append(ts, e.triggerTimes[fam]...)
 	}
 	e.mu.Unlock()
 	return ok, true
@@ -588,7 +638,6 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 	start := time.Now()
 	err := f.backend.Sync(ctx, req)
 	log := e.log.With("family", fam, "full", full, "changed", len(f.changed))
-	e.metrics.pendingChanges.Set(float64(len(f.changed)))
 	if err != nil && !OnlyObjectErrors(err) && !full && ctx.Err() == nil {
 		// A partial sync failed: the kernel is not what the backend
 		// thought (a table deleted behind its back, say). Converge
@@ -622,7 +671,6 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 		}
 	}
 	e.metrics.observeSync(fam, full, time.Since(start), true)
-	e.metrics.pendingChanges.Set(0)
 	if full {
 		clear(f.noLocal)
 		f.nInternal, f.nExternal = 0, 0
@@ -634,8 +682,9 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 			f.updateNoLocal(name, state.Services[name])
 		}
 	}
-	e.metrics.noLocalEndpoints.WithLabelValues("Internal", fam).Set(float64(f.nInternal))
-	e.metrics.noLocalEndpoints.WithLabelValues("External", fam).Set(float64(f.nExternal))
+	// kube-proxy's traffic_policy values.
+	e.metrics.noLocalEndpoints.WithLabelValues("internal", fam).Set(float64(f.nInternal))
+	e.metrics.noLocalEndpoints.WithLabelValues("external", fam).Set(float64(f.nExternal))
 	log.Debug("synced", "duration", time.Since(start), "services", len(state.Services))
 	for _, h := range e.hooks {
 		h(ctx, f.backend, req)
@@ -700,6 +749,23 @@ func (e *Engine) serveServiceHealth(want map[model.ServiceName]healthcheck.Servi
 	e.hcServed, e.hcFailed = want, err != nil
 }
 
+// sliceFamily returns the IP family of slice's addresses; false for FQDN
+// slices.
+func sliceFamily(slice *discoveryv1.EndpointSlice) (model.IPFamily, bool) {
+	if slice == nil {
+		return 0, false
+	}
+	switch slice.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		return model.IPv4, true
+	case discoveryv1.AddressTypeIPv6:
+		return model.IPv6, true
+	}
+	return 0, false
+}
+
+// triggerTime returns slice's endpoints.kubernetes.io/last-change-trigger-time,
+// or the zero Time.
 func triggerTime(slice *discoveryv1.EndpointSlice) time.Time {
 	if slice == nil {
 		return time.Time{}

@@ -369,7 +369,7 @@ func TestEngineLocalPolicyBookkeeping(t *testing.T) {
 		t.Helper()
 		for _, periodic := range []bool{false, true} {
 			sync(periodic)
-			if gi, ge := gauge("Internal"), gauge("External"); gi != internal || ge != external {
+			if gi, ge := gauge("internal"), gauge("external"); gi != internal || ge != external {
 				t.Errorf("%s (periodic %v): no local endpoints internal %d, external %d; want %d, %d", what, periodic, gi, ge, internal, external)
 			}
 			local := -1

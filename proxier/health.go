@@ -55,6 +55,17 @@ type HealthReporter interface {
 	Health() Health
 }
 
+// HealthAnswerCounter is implemented by health sources that count the
+// answers [HealthHandler] gives, as the Engine does in
+// kubeproxy_proxy_healthz_total and kubeproxy_proxy_livez_total (label
+// code), kube-proxy's counters of its healthz server. A source that wraps
+// an Engine forwards the count to it.
+type HealthAnswerCounter interface {
+	// CountHealthAnswer records that HealthHandler answered path
+	// ("/healthz" or "/livez") with the HTTP status code.
+	CountHealthAnswer(path string, code int)
+}
+
 // Health returns the engine's health snapshot.
 func (e *Engine) Health() Health {
 	e.mu.Lock()
@@ -80,31 +91,36 @@ const DefaultHealthTimeout = 60 * time.Second
 
 // HealthHandler serves /healthz (src keeps up with its events and its node
 // is not going away: load balancers may send traffic here) and /livez (the
-// sync loop is alive) with kube-proxy's JSON body. A zero timeout means
-// [DefaultHealthTimeout].
+// sync loop is alive) with kube-proxy's JSON body. When src is a
+// [HealthAnswerCounter] (an Engine is), each answer is counted there by
+// path and status code. A zero timeout means [DefaultHealthTimeout].
 func HealthHandler(src HealthReporter, timeout time.Duration) http.Handler {
 	if timeout <= 0 {
 		timeout = DefaultHealthTimeout
 	}
+	counter, _ := src.(HealthAnswerCounter)
 	mux := http.NewServeMux()
-	serve := func(check func(Health, time.Time) bool) http.HandlerFunc {
-		return func(w http.ResponseWriter, _ *http.Request) {
+	serve := func(path string, check func(Health, time.Time) bool) {
+		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
 			h, now := src.Health(), time.Now()
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
+			code := http.StatusServiceUnavailable
 			if check(h, now) {
-				w.WriteHeader(http.StatusOK)
-			} else {
-				w.WriteHeader(http.StatusServiceUnavailable)
+				code = http.StatusOK
 			}
+			if counter != nil {
+				counter.CountHealthAnswer(path, code)
+			}
+			w.WriteHeader(code)
 			_ = json.NewEncoder(w).Encode(healthStatus{
 				LastUpdated: h.LastSync, CurrentTime: now,
 				NodeEligible: !h.NodeTerminating, Pending: !h.OldestPending.IsZero(),
 			})
-		}
+		})
 	}
-	mux.Handle("/healthz", serve(func(h Health, now time.Time) bool { return h.Healthy(now, timeout) }))
-	mux.Handle("/livez", serve(func(h Health, now time.Time) bool { return h.Live(now, timeout) }))
+	serve("/healthz", func(h Health, now time.Time) bool { return h.Healthy(now, timeout) })
+	serve("/livez", func(h Health, now time.Time) bool { return h.Live(now, timeout) })
 	return mux
 }
 
