@@ -1,96 +1,177 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"flag"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/proxykit/proxykit/backends"
-	"github.com/proxykit/proxykit/proxier"
 )
 
+// kubeProxyVersion is the kube-proxy release whose configuration, flags
+// and endpoints this daemon follows.
+const kubeProxyVersion = "v1.36.3"
+
 func main() {
-	o := options{}
-	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: the in-cluster configuration, else $KUBECONFIG or ~/.kube/config")
-	flag.StringVar(&o.backend, "backend", "nftables", "dataplane backend: "+strings.Join(backends.Names(), ", "))
-	flag.StringVar(&o.nodeName, "hostname-override", "", "this node's name (default: the host name)")
-	flag.Var(prefixList{&o.clusterCIDRs}, "cluster-cidr", "pod networks, comma-separated; service traffic from outside them is masqueraded")
-	flag.Var(prefixList{&o.nodePortAddresses}, "nodeport-addresses", "node addresses (CIDRs, comma-separated) node ports open on; default: all local addresses")
-	flag.BoolVar(&o.masqueradeAll, "masquerade-all", false, "masquerade all service traffic")
-	flag.DurationVar(&o.minSyncPeriod, "min-sync-period", proxier.DefaultMinSyncInterval, "least time between two syncs")
-	flag.DurationVar(&o.syncPeriod, "sync-period", proxier.DefaultSyncPeriod, "interval of full resyncs")
-	flag.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty disables it")
-	flag.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty disables them")
-	flag.BoolVar(&o.keepLeftovers, "keep-leftovers", false, "do not remove, once synced, what other backends left in the namespace")
-	flag.StringVar(&o.netns, "netns", "", "program this network namespace (a path like /var/run/netns/x) instead of the process's own")
-	flag.Func("iptables-masquerade-bit", "the packet mark bit (0 to 31) that asks for masquerading: nftables, iptables, ipvs (default 14)", func(v string) error {
-		bit, err := strconv.Atoi(v)
-		if err != nil || bit < 0 || bit > 31 {
-			return fmt.Errorf("want 0 to 31")
-		}
-		o.masqueradeMark = 1 << bit
-		return nil
-	})
-	flag.Var(schedulerFlag{&o.scheduler}, "scheduler", "load-balancing algorithm of the ipvs (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh; default rr) or ebpf backend (random or maglev; default random); nftables and iptables pick at random")
-	flag.Var(schedulerFlag{&o.scheduler}, "ipvs-scheduler", "kube-proxy's name of --scheduler")
-	flag.BoolVar(&o.ipvsStrictARP, "ipvs-strict-arp", false, "ipvs: set arp_ignore=1 and arp_announce=2, so the node does not answer ARP for the service addresses")
-	flag.StringVar(&o.ebpfCgroup, "ebpf-cgroup", "/sys/fs/cgroup", "ebpf: the cgroup v2 directory whose processes' sockets are translated")
-	flag.BoolVar(&o.ebpfAllNetNS, "ebpf-all-netns", true, "ebpf: translate the sockets of every network namespace under --ebpf-cgroup (the pods'), not only the node's")
-	flag.StringVar(&o.ebpfPinPath, "ebpf-pin-path", "", "ebpf: a directory on a bpffs where maps and links are pinned, so that a restart adopts them and --cleanup finds them; empty: nothing pinned")
-	flag.BoolVar(&o.ebpfSocketOnly, "ebpf-socket-only", false, "ebpf: only the socket programs, without the nftables table for traffic from outside the node")
-	cleanup := flag.Bool("cleanup", false, "remove what every backend programmed on this node, and exit")
-	verbose := flag.Bool("v", false, "log every sync")
-	flag.Parse()
-
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	o.logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	if *cleanup {
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		if err := runCleanup(cctx, o); err != nil {
-			fail(err)
-		}
-		o.logger.Info("cleaned up", "backends", backends.Names())
-		return
-	}
-	if err := o.check(); err != nil {
-		fail(err)
-	}
-	if o.nodeName == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			fail(fmt.Errorf("no --hostname-override and no host name: %w", err))
-		}
-		o.nodeName = strings.ToLower(h)
-	}
-	cfg, err := restConfig(o.kubeconfig)
-	if err != nil {
-		fail(err)
-	}
-	client, err := newClient(cfg)
-	if err != nil {
-		fail(err)
-	}
-	d := &daemon{opts: o, client: client}
-	if err := d.run(ctx); err != nil {
-		fail(err)
+	err := command(ctx, os.Args[1:], os.Stdout, os.Stderr, nil)
+	stop()
+	if err != nil && !errors.Is(err, errHelp) {
+		fmt.Fprintln(os.Stderr, "proxy:", err)
+		os.Exit(1)
 	}
 }
 
-func fail(err error) {
-	fmt.Fprintln(os.Stderr, "proxy:", err)
-	os.Exit(1)
+// clientFunc builds the API client from the resolved settings; tests
+// give a fake one.
+type clientFunc func(s *settings) (kubernetes.Interface, error)
+
+// command runs the daemon's command line as kube-proxy's RunE does:
+// --version prints and exits; the configuration is resolved and
+// validated; --write-config-to writes it and exits; --cleanup removes
+// what every backend left and exits; otherwise the daemon runs (and with
+// --init-only stops after the node setup). With --config, a change of
+// the file's content ends the run with an error, as kube-proxy exits for
+// its supervisor to restart it with the new file.
+func command(ctx context.Context, args []string, stdout, stderr io.Writer, client clientFunc) error {
+	s, err := resolve(args, stderr)
+	if err != nil {
+		return err
+	}
+	switch s.version {
+	case "true":
+		fmt.Fprintf(stdout, "proxykit-proxy %s (kube-proxy %s)\n", moduleVersion(), kubeProxyVersion)
+		return nil
+	case "raw":
+		fmt.Fprintf(stdout, "proxykit-proxy %s\nkube-proxy: %s\ngo: %s\nplatform: %s/%s\n", moduleVersion(), kubeProxyVersion, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return nil
+	}
+	log := s.log
+	if s.writeConfigTo != "" {
+		if err := writeConfig(s.writeConfigTo, &s.cfg); err != nil {
+			return err
+		}
+		log.Info("Wrote configuration", "file", s.writeConfigTo)
+		return nil
+	}
+	if s.cleanup {
+		if err := backends.CleanupAll(ctx, s.cleanupConfig(), ""); err != nil {
+			return fmt.Errorf("encountered an error while tearing down rules: %w", err)
+		}
+		log.Info("cleaned up", "backends", backends.Names())
+		return nil
+	}
+
+	nodeName, err := hostname(s.cfg.HostnameOverride)
+	if err != nil {
+		return err
+	}
+	if client == nil {
+		client = func(s *settings) (kubernetes.Interface, error) {
+			cfg, err := restConfig(s.cfg.ClientConnection, s.master, s.log)
+			if err != nil {
+				return nil, err
+			}
+			return newClient(cfg)
+		}
+	}
+	c, err := client(s)
+	if err != nil {
+		return err
+	}
+	if !s.initOnly {
+		applyOOMScoreAdj(*s.cfg.OOMScoreAdj, log)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if s.configFile != "" && !s.initOnly {
+		go watchConfigFile(ctx, s.configFile, cancel, log)
+	}
+	d := &daemon{s: s, client: c, nodeName: nodeName}
+	err = d.run(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, errConfigChanged) {
+		err = errors.Join(err, cause)
+	}
+	return err
+}
+
+// hostname is the node name as kube-proxy's GetHostname: the override,
+// else the host name, trimmed and lowercased.
+func hostname(override string) (string, error) {
+	h := override
+	if h == "" {
+		var err error
+		if h, err = os.Hostname(); err != nil {
+			return "", fmt.Errorf("couldn't determine hostname: %w", err)
+		}
+	}
+	h = strings.ToLower(strings.TrimSpace(h))
+	if h == "" {
+		return "", errors.New("empty hostname is invalid")
+	}
+	return h, nil
+}
+
+// errConfigChanged ends a run whose --config file changed.
+var errConfigChanged = errors.New("content of the proxy server's configuration file was updated")
+
+// configPoll is how often the --config file is read for changes.
+var configPoll = 2 * time.Second
+
+// watchConfigFile cancels ctx with errConfigChanged when the content of
+// path changes (kube-proxy watches it with fsnotify; reading it also
+// follows the symlink swaps of a ConfigMap volume).
+func watchConfigFile(ctx context.Context, path string, cancel context.CancelCauseFunc, log *slog.Logger) {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(configPoll):
+		}
+		b, err := os.ReadFile(path)
+		if err == nil && !bytes.Equal(b, old) {
+			log.Error("the configuration file changed; exiting, for a restart to read it", "file", path)
+			cancel(errConfigChanged)
+			return
+		}
+	}
+}
+
+// applyOOMScoreAdj sets the process's oom_score_adj, as kube-proxy does
+// at start; a failure is logged at V(2), as kube-proxy does.
+func applyOOMScoreAdj(v int32, log *slog.Logger) {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(int(v))), 0o644); err != nil {
+		log.Log(context.Background(), slog.Level(-2), "Failed to apply OOMScore", "err", err)
+	}
+}
+
+// moduleVersion is the proxykit module's version in the build info.
+func moduleVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(devel)"
+	}
+	for _, d := range bi.Deps {
+		if d.Path == "github.com/proxykit/proxykit" {
+			return d.Version
+		}
+	}
+	return bi.Main.Version
 }

@@ -2,8 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
-	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -14,17 +15,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
-	"github.com/proxykit/proxykit/proxier"
+	"github.com/proxykit/proxykit/backends"
 	"github.com/proxykit/proxykit/sandbox"
 )
 
@@ -114,18 +112,35 @@ func testProxy(t *testing.T, backend string) {
 		}
 	})
 	p1, p2 := tp.Node1.Pods[0], tp.Node2.Pods[0]
-	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: tp.Node1.Name}})
-	o := options{
-		backend:       backend,
-		nodeName:      tp.Node1.Name,
-		netns:         tp.Node1.NetNSPath(),
-		clusterCIDRs:  tp.PodNetworks(),
-		minSyncPeriod: 50 * time.Millisecond,
-		syncPeriod:    30 * time.Second,
-		metricsAddr:   "127.0.0.1:0",
-		healthzAddr:   "127.0.0.1:0",
-		logger:        slog.New(slog.NewTextHandler(testLog{t}, nil)),
+	// The Node lists node1's addresses toward the client: nftables'
+	// default nodePortAddresses "primary" opens node ports there.
+	client := fake.NewClientset(&v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: tp.Node1.Name},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+			{Type: v1.NodeInternalIP, Address: tp.Node1.ExternalIPv4.String()},
+			{Type: v1.NodeInternalIP, Address: tp.Node1.ExternalIPv6.String()},
+		}},
+	})
+	var cidrs []string
+	for _, p := range tp.PodNetworks() {
+		cidrs = append(cidrs, p.String())
 	}
+	// conntrack.maxPerCore 0: nf_conntrack_max and the hash size are the
+	// host's; the timeouts are set in node1's namespace.
+	file := writeConfigFile(t, fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: %s
+clusterCIDR: %s
+healthzBindAddress: 127.0.0.1:%d
+metricsBindAddress: 127.0.0.1:%d
+conntrack:
+  maxPerCore: 0
+nftables:
+  minSyncPeriod: 50ms
+iptables:
+  minSyncPeriod: 50ms
+`, backend, strings.Join(cidrs, ","), freePort(t), freePort(t)))
+	args := []string{"--config", file, "--hostname-override", tp.Node1.Name, "--netns", tp.Node1.NetNSPath()}
 	if backend == "ebpf" {
 		// The probes are this process's goroutines: the socket
 		// programs attach to a cgroup the process moves into, and
@@ -140,11 +155,13 @@ func testProxy(t *testing.T, backend string) {
 				t.Error(err)
 			}
 		})
-		o.ebpfCgroup = cg.Path()
-		o.ebpfPinPath = bpffs(t)
-		o.scheduler = proxier.SchedulerMaglev
+		args = append(args, "--ebpf-cgroup", cg.Path(), "--ebpf-pin-path", bpffs(t), "--scheduler", "maglev")
 	}
-	d := &daemon{opts: o, client: client, ready: make(chan struct{})}
+	s, err := resolve(args, testLog{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{s: s, client: client, nodeName: tp.Node1.Name, ready: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -178,6 +195,13 @@ func testProxy(t *testing.T, backend string) {
 			t.Errorf("%s: %d %q", path, code, body)
 		}
 	}
+	if code, body := get(t, "http://"+d.metricsAddr.String()+"/proxyMode"); code != http.StatusOK || body != backend {
+		t.Errorf("/proxyMode: %d %q", code, body)
+	}
+	// node1's namespace got the conntrack timeouts of the configuration.
+	if out, err := tp.Node1.Exec(ctx, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established"); err != nil || strings.TrimSpace(out) != "86400" {
+		t.Errorf("nf_conntrack_tcp_timeout_established in node1: %q %v", out, err)
+	}
 	_, metrics := get(t, "http://"+d.metricsAddr.String()+"/metrics")
 	for _, m := range []string{"kubeproxy_sync_proxy_rules_last_timestamp_seconds", "kubeproxy_sync_proxy_rules_endpoint_changes_total", "go_goroutines"} {
 		if !strings.Contains(metrics, m) {
@@ -199,14 +223,14 @@ func testProxy(t *testing.T, backend string) {
 
 	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer ccancel()
-	if err := runCleanup(cctx, o); err != nil {
+	if err := backends.CleanupAll(cctx, s.cleanupConfig(), ""); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
 	if r := tp.Node1.TCP(vip, 500*time.Millisecond); r.Outcome == sandbox.Answered {
 		t.Errorf("after --cleanup the service still answers: %v", r)
 	}
-	if o.ebpfPinPath != "" {
-		if es, err := os.ReadDir(o.ebpfPinPath); err != nil || len(es) > 2 { // maps.debug, progs.debug
+	if pin := s.ext.ebpfPinPath; pin != "" {
+		if es, err := os.ReadDir(pin); err != nil || len(es) > 2 { // maps.debug, progs.debug
 			t.Errorf("after --cleanup the pin path holds %v (%v)", es, err)
 		}
 	}
@@ -273,7 +297,7 @@ users:
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadKubeconfig(path)
+	cfg, err := loadKubeconfig(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,117 +307,29 @@ users:
 	if cfg.CAFile != filepath.Join(dir, "pki/ca.crt") || cfg.KeyFile != filepath.Join(dir, "pki/client.key") || cfg.CertFile != filepath.Join(dir, "client.crt") {
 		t.Errorf("files not resolved against the kubeconfig's directory: %q %q %q", cfg.CAFile, cfg.KeyFile, cfg.CertFile)
 	}
-	if _, err := loadKubeconfig(filepath.Join(dir, "missing")); err == nil {
+	if _, err := loadKubeconfig(filepath.Join(dir, "missing"), ""); err == nil {
 		t.Error("a missing file loaded")
 	}
 }
 
-// TestSchedulerFlag checks the scheduler flag and the options that
-// cannot go with it.
-func TestSchedulerFlag(t *testing.T) {
-	var s proxier.Scheduler
-	f := schedulerFlag{&s}
-	if err := f.Set("Maglev"); err != nil || s != proxier.SchedulerMaglev || f.String() != "mh" {
-		t.Errorf("maglev: %q, %v", s, err)
-	}
-	if err := f.Set("fifo"); err == nil {
-		t.Error("fifo accepted")
-	}
-	if err := (options{backend: "nftables", scheduler: proxier.SchedulerSourceHashing}).check(); err == nil {
-		t.Error("--scheduler sh accepted for nftables")
-	}
-	for _, o := range []options{{backend: "nftables", scheduler: proxier.SchedulerRandom}, {backend: "ipvs", scheduler: proxier.SchedulerSourceHashing}} {
-		if err := o.check(); err != nil {
-			t.Errorf("%+v: %v", o, err)
-		}
-	}
-	cfg := options{scheduler: proxier.SchedulerMaglev, ebpfCgroup: "/sys/fs/cgroup", masqueradeMark: 0x10}.config(nil)
-	if cfg.IPVS.Scheduler != proxier.SchedulerMaglev || cfg.EBPF.Scheduler != proxier.SchedulerMaglev || cfg.EBPF.CgroupPath != "/sys/fs/cgroup" || cfg.NFTables.MasqueradeBit != 0x10 {
-		t.Errorf("config: %+v", cfg)
-	}
-}
-
-// TestFlags checks the CIDR list flag.
-func TestFlags(t *testing.T) {
-	var ps []netip.Prefix
-	l := prefixList{&ps}
-	if err := l.Set("10.244.0.0/16, fd00:10:244::/48"); err != nil {
+// writeConfigFile writes a configuration file and returns its path.
+func writeConfigFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Set("192.0.2.7/24"); err != nil {
-		t.Fatal(err)
-	}
-	if got := l.String(); got != "10.244.0.0/16,fd00:10:244::/48,192.0.2.0/24" {
-		t.Errorf("got %q", got)
-	}
-	if err := l.Set("nonsense"); err == nil {
-		t.Error("nonsense accepted")
-	}
+	return path
 }
 
-// TestManifest checks that deploy/daemonset.yaml decodes strictly and
-// grants what the daemon uses, on the host network, privileged.
-func TestManifest(t *testing.T) {
-	data, err := os.ReadFile("deploy/daemonset.yaml")
+// freePort returns a TCP port of 127.0.0.1 free just now: kube-proxy's
+// validation wants a port from 1 to 65535.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		role *rbacv1.ClusterRole
-		ds   *appsv1.DaemonSet
-		kind []string
-	)
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
-			t.Fatal(err)
-		}
-		kind = append(kind, tm.Kind)
-		var obj any
-		switch tm.Kind {
-		case "ServiceAccount":
-			obj = &v1.ServiceAccount{}
-		case "ClusterRole":
-			role = &rbacv1.ClusterRole{}
-			obj = role
-		case "ClusterRoleBinding":
-			obj = &rbacv1.ClusterRoleBinding{}
-		case "DaemonSet":
-			ds = &appsv1.DaemonSet{}
-			obj = ds
-		default:
-			t.Fatalf("unexpected kind %q", tm.Kind)
-		}
-		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
-			t.Fatalf("%s: %v", tm.Kind, err)
-		}
-	}
-	if role == nil || ds == nil || len(kind) != 4 {
-		t.Fatalf("kinds %v", kind)
-	}
-	can := func(group, resource, verb string) bool {
-		for _, r := range role.Rules {
-			if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
-				return true
-			}
-		}
-		return false
-	}
-	for _, want := range [][3]string{
-		{"", "services", "list"}, {"", "services", "watch"},
-		{"discovery.k8s.io", "endpointslices", "list"}, {"discovery.k8s.io", "endpointslices", "watch"},
-		{"", "nodes", "get"}, {"", "nodes", "list"}, {"", "nodes", "watch"},
-	} {
-		if !can(want[0], want[1], want[2]) {
-			t.Errorf("the ClusterRole does not allow %s %s/%s", want[2], want[0], want[1])
-		}
-	}
-	spec := ds.Spec.Template.Spec
-	c := spec.Containers[0]
-	if !spec.HostNetwork || c.SecurityContext == nil || !ptr.Deref(c.SecurityContext.Privileged, false) {
-		t.Error("the DaemonSet must run privileged on the host network")
-	}
-	if !slices.Contains(c.Args, "--hostname-override=$(NODE_NAME)") || c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Path != "/livez" {
-		t.Errorf("args %v, liveness probe %+v", c.Args, c.LivenessProbe)
-	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
