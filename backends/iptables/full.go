@@ -89,6 +89,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			b.arena = nil
 		}
 		if err == nil {
+			b.last.rules = countRules(data)
 			st := newState()
 			st.svcs = want
 			b.st = st
@@ -173,7 +174,7 @@ func (b *backend) restoreSections(ctx context.Context, secs []*input, data []byt
 		for _, in := range secs[i:j] {
 			n += len(in.b)
 		}
-		if err := b.run.Restore(ctx, data[pos:pos+n]); err != nil {
+		if err := b.restore(ctx, data[pos:pos+n]); err != nil {
 			return starts[i], err
 		}
 		pos += n

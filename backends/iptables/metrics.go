@@ -10,42 +10,52 @@ import (
 )
 
 // ruleMetrics reports the backend's rules as kube-proxy's iptables mode
-// does: how many rules it owns per table, and how many restores failed.
+// does, under its names and labels (k8s.io/kubernetes/pkg/proxy/metrics,
+// v1.36.3): the rules it owns and wrote last per table, failed restores,
+// and failed partial syncs.
 type ruleMetrics struct {
-	rules    *prometheus.GaugeVec
-	failures prometheus.Counter
+	rules, last               *prometheus.GaugeVec // table
+	failures, partialFailures prometheus.Counter
 }
 
 // newRuleMetrics returns the metrics of the family's backend, registered
-// with cfg.Registerer when it is not nil. The family is a constant label,
-// so the IPv4 and IPv6 backends of one proxier register side by side;
-// proxiers on one registry are told apart by cfg.Name (see
+// with cfg.Registerer when it is not nil. The family is the constant label
+// ip_family, so the IPv4 and IPv6 backends of one proxier register side
+// by side; proxiers on one registry are told apart by cfg.Name (see
 // [proxier.Register]).
 func newRuleMetrics(cfg proxier.Config, fam model.IPFamily) (*ruleMetrics, error) {
 	labels := cfg.MetricLabels(prometheus.Labels{"ip_family": fam.String()})
-	m := &ruleMetrics{
-		rules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name:        "kubeproxy_sync_proxy_rules_iptables_total",
-			Help:        "Rules the iptables backend owns in a table, as of its last successful sync.",
-			ConstLabels: labels,
-		}, []string{"table"}),
-		failures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name:        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-			Help:        "Syncs of the iptables backend that failed (the previous rules stay in force).",
-			ConstLabels: labels,
-		}),
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: proxier.KubeProxySubsystem, Name: name, Help: help, ConstLabels: labels,
+		}, []string{"table"})
 	}
-	err := errors.Join(proxier.Register(cfg.Registerer, &m.rules), proxier.Register(cfg.Registerer, &m.failures))
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: proxier.KubeProxySubsystem, Name: name, Help: help, ConstLabels: labels,
+		})
+	}
+	m := &ruleMetrics{
+		rules: gauge("sync_proxy_rules_iptables_total",
+			"Rules the iptables backend owns in a table, as of its last successful sync."),
+		last: gauge("sync_proxy_rules_iptables_last",
+			"Rules the iptables backend wrote (appended or inserted) in a table in its last successful sync."),
+		failures: counter("sync_proxy_rules_iptables_restore_failures_total",
+			"Runs of the restore program that failed."),
+		partialFailures: counter("sync_proxy_rules_iptables_partial_restore_failures_total",
+			"Partial syncs (the changes only) that failed; the backend then rewrites everything."),
+	}
+	err := errors.Join(
+		proxier.Register(cfg.Registerer, &m.rules, &m.last),
+		proxier.Register(cfg.Registerer, &m.failures, &m.partialFailures),
+	)
 	return m, err
 }
 
-// observe records the outcome of a sync: st is the state in memory after
-// it (nil: unknown, after a failure).
-func (m *ruleMetrics) observe(r *renderer, st *state, err error) {
+// observe records a successful sync: st is the state in memory after it,
+// last describes what it wrote.
+func (m *ruleMetrics) observe(r *renderer, st *state, last *inputStats) {
 	if st == nil {
-		if err != nil {
-			m.failures.Inc()
-		}
 		return
 	}
 	for t := range numTables {
@@ -62,5 +72,6 @@ func (m *ruleMetrics) observe(r *renderer, st *state, err error) {
 			}
 		}
 		m.rules.WithLabelValues(t.String()).Set(float64(n))
+		m.last.WithLabelValues(t.String()).Set(float64(last.rules[t]))
 	}
 }

@@ -47,9 +47,10 @@ func (b *backend) syncPartial(ctx context.Context, req *proxier.SyncRequest, nam
 			b.commit(want, numTables)
 			break
 		}
-		err := b.run.Restore(ctx, in.b)
+		err := b.restore(ctx, in.b)
 		if err == nil {
 			b.commit(want, numTables)
+			b.last.rules = countRules(in.b)
 			break
 		}
 		var re *iptables.RestoreError

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -53,6 +54,47 @@ type inputStats struct {
 	full         bool
 	sections     int
 	lines, bytes int
+	// rules counts the rules the input appends or inserts, per table
+	// (kubeproxy_sync_proxy_rules_iptables_last).
+	rules [numTables]int
+}
+
+// countRules returns the rules restore input data appends or inserts, per
+// table.
+func countRules(data []byte) [numTables]int {
+	var n [numTables]int
+	t := table(-1)
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		switch {
+		case len(line) > 1 && line[0] == '*':
+			t = table(-1)
+			for i, name := range tableNames {
+				if string(line[1:]) == name {
+					t = table(i)
+				}
+			}
+		case t >= 0 && (bytes.HasPrefix(line, []byte("-A ")) || bytes.HasPrefix(line, []byte("-I "))):
+			n[t]++
+		}
+	}
+	return n
+}
+
+// restore runs the restore program on data, counting a failure in
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total (but not one
+// due to ctx ending).
+func (b *backend) restore(ctx context.Context, data []byte) error {
+	err := b.run.Restore(ctx, data)
+	if err != nil && ctx.Err() == nil && b.metrics != nil {
+		b.metrics.failures.Inc()
+	}
+	return err
 }
 
 // state is what the kernel holds, per table and service port, kept in
@@ -108,8 +150,8 @@ var errDrift = errors.New("our rules were changed behind our back")
 // canary chains; when one was flushed it rewrites everything instead.
 func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	err := b.sync(ctx, req)
-	if b.metrics != nil && b.run != nil {
-		b.metrics.observe(b.r, b.st, err)
+	if b.metrics != nil && b.run != nil && (err == nil || proxier.OnlyObjectErrors(err)) {
+		b.metrics.observe(b.r, b.st, &b.last)
 	}
 	return err
 }
@@ -149,6 +191,11 @@ func (b *backend) sync(ctx context.Context, req *proxier.SyncRequest) error {
 		}
 	}
 	err := b.syncPartial(ctx, req, names)
+	if err != nil && !proxier.OnlyObjectErrors(err) && ctx.Err() == nil && b.metrics != nil {
+		// As kube-proxy counts a partial sync that failed (the next
+		// one rewrites everything).
+		b.metrics.partialFailures.Inc()
+	}
 	if errors.Is(err, errDrift) {
 		b.log.Warn("our rules were flushed or changed behind our back; rewriting everything")
 		b.st = nil

@@ -131,6 +131,9 @@ func newBackend(cfg Config, family model.IPFamily, c *conn) (*backend, error) {
 	if b.r, err = newRenderer(b.fi, cfg.MasqueradeBit, cfg.AffinityMapSize, cfg.MasqueradeAll, len(b.clusterCIDRs()) > 0, cfg.NodeIP(b.fi.fam)); err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
+	if b.metrics, err = newSyncMetrics(cfg.Config, family); err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
 	return b, nil
 }
 

@@ -36,6 +36,8 @@ type backend struct {
 	st *state
 	// last describes the last successful sync (benchmarks report it).
 	last syncStats
+	// metrics counts failed syncs.
+	metrics *syncMetrics
 }
 
 // syncStats describes one sync.
@@ -158,6 +160,14 @@ func prefixSpace(set string) string { return "prefix " + set }
 
 // Sync makes the kernel match req in one transaction.
 func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
+	err := b.sync(ctx, req)
+	if err != nil && !proxier.OnlyObjectErrors(err) && ctx.Err() == nil && b.metrics != nil {
+		b.metrics.failures.Inc()
+	}
+	return err
+}
+
+func (b *backend) sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
