@@ -322,8 +322,8 @@ func (d *daemon) synced() bool {
 	return err == nil && v > 0
 }
 
-// metric returns the value of a metric without labels but the constant
-// backend label.
+// metric returns the largest value among the series of a metric (e.g.
+// the ip_family series of a timestamp).
 func (d *daemon) metric(name string) (float64, error) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + d.metrics + "/metrics")
@@ -333,12 +333,22 @@ func (d *daemon) metric(name string) (float64, error) {
 	defer resp.Body.Close()
 	re := regexp.MustCompile(`^` + name + `(?:\{[^}]*\})? (\S+)$`)
 	s := bufio.NewScanner(resp.Body)
+	found, v := false, 0.0
 	for s.Scan() {
 		if m := re.FindStringSubmatch(s.Text()); m != nil {
-			return strconv.ParseFloat(m[1], 64)
+			x, err := strconv.ParseFloat(m[1], 64)
+			if err != nil {
+				return 0, err
+			}
+			if !found || x > v {
+				found, v = true, x
+			}
 		}
 	}
-	return 0, fmt.Errorf("no metric %s", name)
+	if !found {
+		return 0, fmt.Errorf("no metric %s", name)
+	}
+	return v, nil
 }
 
 // stop sends SIGTERM and waits for a clean exit.
@@ -427,9 +437,9 @@ func (h hostSnapshot) check(t *testing.T) {
 // ip parses an address the API server returned.
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-// histogramQuantiles summarizes a histogram of the daemon's metrics:
-// count, mean, and the bucket bounds holding the median and the 99th
-// percentile.
+// histogramQuantiles summarizes a histogram of the daemon's metrics, its
+// series (e.g. one per ip_family) added up: count, mean, and the bucket
+// bounds holding the median and the 99th percentile.
 func (d *daemon) histogramQuantiles(name string) (string, error) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + d.metrics + "/metrics")
@@ -450,13 +460,17 @@ func (d *daemon) histogramQuantiles(name string) (string, error) {
 		l := s.Text()
 		if m := bucketRE.FindStringSubmatch(l); m != nil {
 			n, _ := strconv.ParseFloat(m[2], 64)
-			buckets = append(buckets, bucket{m[1], n})
+			if i := slices.IndexFunc(buckets, func(b bucket) bool { return b.le == m[1] }); i >= 0 {
+				buckets[i].count += n
+			} else {
+				buckets = append(buckets, bucket{m[1], n})
+			}
 		} else if m := totalRE.FindStringSubmatch(l); m != nil {
 			v, _ := strconv.ParseFloat(m[2], 64)
 			if m[1] == "sum" {
-				sum = v
+				sum += v
 			} else {
-				count = v
+				count += v
 			}
 		}
 	}
