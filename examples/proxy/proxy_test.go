@@ -19,6 +19,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
@@ -332,4 +333,59 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestInitOnly checks --init-only as kube-proxy's: the node settings of
+// the configuration are made (conntrack timeouts and iptables mode's
+// route_localnet, in node1's namespace), and the command returns without
+// serving or programming anything.
+func TestInitOnly(t *testing.T) {
+	sandbox.RequirePrivilege(t)
+	tp, err := sandbox.New(t.Context(), sandbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tp.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	healthz := freePort(t)
+	file := writeConfigFile(t, fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+healthzBindAddress: 127.0.0.1:%d
+metricsBindAddress: 127.0.0.1:%d
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 2h
+`, healthz, freePort(t)))
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: tp.Node1.Name}})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	err = command(ctx, []string{"--init-only", "--config", file, "--hostname-override", tp.Node1.Name, "--netns", tp.Node1.NetNSPath()},
+		io.Discard, testLog{t}, func(*settings) (kubernetes.Interface, error) { return client, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("--init-only took %v", d)
+	}
+	for key, want := range map[string]string{
+		"net/netfilter/nf_conntrack_tcp_timeout_established": "7200",
+		"net/ipv4/conf/all/route_localnet":                   "1",
+	} {
+		if out, err := tp.Node1.Exec(ctx, "cat", "/proc/sys/"+key); err != nil || strings.TrimSpace(out) != want {
+			t.Errorf("%s in node1: %q %v, want %s", key, out, err, want)
+		}
+	}
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", healthz), time.Second); err == nil {
+		c.Close()
+		t.Error("--init-only serves the healthz server")
+	}
+	// Nothing was programmed: no iptables chain of ours in node1.
+	if out, err := tp.Node1.Exec(ctx, "iptables-save"); err == nil && strings.Contains(out, "PROXYKIT-") {
+		t.Errorf("--init-only programmed iptables:\n%s", out)
+	}
 }
