@@ -505,7 +505,7 @@ func (c *proxyConfig) unsupported(log *slog.Logger) error {
 		return fmt.Errorf("detectLocalMode %s: not supported: the proxykit backends detect local traffic by source CIDR only (ClusterCIDR, NodeCIDR)", c.DetectLocalMode)
 	}
 	if c.Mode == modeIPVS && len(c.IPVS.ExcludeCIDRs) > 0 {
-		return fmt.Errorf("ipvs.excludeCIDRs %v: not supported: the ipvs backend owns the virtual servers it created only, and never touches others, so there is nothing to exclude", c.IPVS.ExcludeCIDRs)
+		return fmt.Errorf("ipvs.excludeCIDRs %v (--ipvs-exclude-cidrs): not supported: the ipvs backend removes only the virtual servers it recorded as its own or that sit on its dummy interface's addresses, so there is nothing to exclude", c.IPVS.ExcludeCIDRs)
 	}
 	if len(c.Logging.VModule) > 0 {
 		return fmt.Errorf("logging.vmodule (--vmodule): not supported: log/slog has one level")

@@ -185,7 +185,7 @@ func TestUnsupported(t *testing.T) {
 	}{
 		{[]string{"--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cbr0"}, "detectLocalMode BridgeInterface: not supported"},
 		{[]string{"--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"}, "detectLocalMode InterfaceNamePrefix: not supported"},
-		{[]string{"--config", writeConfigFile(t, head+"mode: ipvs\nipvs:\n  excludeCIDRs: [10.0.0.0/8]\n")}, "ipvs.excludeCIDRs [10.0.0.0/8]: not supported"},
+		{[]string{"--config", writeConfigFile(t, head+"mode: ipvs\nipvs:\n  excludeCIDRs: [10.0.0.0/8]\n")}, "ipvs.excludeCIDRs [10.0.0.0/8] (--ipvs-exclude-cidrs): not supported"},
 		{[]string{"--proxy-mode=ipvs", "--ipvs-exclude-cidrs=10.0.0.0/8"}, "ipvs.excludeCIDRs"},
 		{[]string{"--vmodule=foo=4"}, "--vmodule: not supported"},
 		{[]string{"--log-json-split-stream=true"}, "--log-json-split-stream: not supported"},
