@@ -469,7 +469,7 @@ func TestPlanTablesPerService(t *testing.T) {
 		t.Errorf("unknown Scheduler with random selection: %+v uses a table", s.fes)
 	}
 	if w := rec.schedulerWarnings(); len(w) != 1 || w[0]["service"] != backendtest.PortName("typo", "", model.TCP).String() ||
-		w[0]["scheduler"] != "wrr" || w[0]["using"] != "random" || !strings.Contains(w[0]["accepted"], "maglev, mh, random") {
+		w[0]["scheduler"] != "wrr" || w[0]["using"] != "random" || !strings.Contains(w[0]["accepted"], "mh, maglev, random") {
 		t.Errorf("warnings about the unknown scheduler: %v", w)
 	}
 	// The same endpoint set has a table per service port that asks
