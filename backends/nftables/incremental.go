@@ -262,7 +262,7 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 		} else {
 			id = d.allocID()
 		}
-		objs, err := b.r.service(n, sp, req.Targets[n], id, prev, d.newAID, d.taken(n))
+		objs, err := b.r.service(n, sp, req.Targets[n], svcAlloc{id: id, prev: prev, newAID: d.newAID, taken: d.taken(n)})
 		if err == nil {
 			err = d.claim(n, objs)
 		}

@@ -60,7 +60,7 @@ func chainNamesOf(o *svcObjs) []string {
 func TestRenderClusterIP(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080")
-	o, err := r.service(s.Port.Name, s.Port, s.Targets, 7, nil, testAIDs(), noneTaken)
+	o, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 7, newAID: testAIDs(), taken: noneTaken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestRenderClusterIP(t *testing.T) {
 	// With its prefix taken (an IPv6 hash collision), it gets a chain of
 	// its own, whose rule does not change with the endpoints either.
 	taken := func(string, []byte) bool { return true }
-	o, err = r.service(s.Port.Name, s.Port, s.Targets, 7, nil, testAIDs(), taken)
+	o, err = r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 7, newAID: testAIDs(), taken: taken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestRenderClusterIP(t *testing.T) {
 		t.Fatalf("chains %v", got)
 	}
 	s3 := clusterSvc("web", model.TCP, "10.96.0.1", 80, "10.0.1.2:8080", "10.0.2.2:8080", "10.0.3.2:8080")
-	o3, err := r.service(s3.Port.Name, s3.Port, s3.Targets, 7, o, testAIDs(), taken)
+	o3, err := r.service(s3.Port.Name, s3.Port, s3.Targets, svcAlloc{id: 7, prev: o, newAID: testAIDs(), taken: taken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestRenderNoEndpoints(t *testing.T) {
 	s := clusterSvc("empty", model.UDP, "10.96.0.2", 53)
 	s.Port.NodePort = 30053
 	s.Port.ExternalIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
-	o, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken)
+	o, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 1, newAID: testAIDs(), taken: noneTaken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestRenderPolicies(t *testing.T) {
 	s.Port.NodePort = 30080
 	s.Port.InternalPolicy = model.PolicyLocal
 	s.Targets = &proxier.Targets{HasEndpoints: true, External: eps("10.0.1.2:8080")}
-	o, err := r.service(s.Port.Name, s.Port, s.Targets, 2, nil, testAIDs(), noneTaken)
+	o, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 2, newAID: testAIDs(), taken: noneTaken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestRenderPolicies(t *testing.T) {
 	s.Port.NodePort = 30081
 	s.Port.ExternalPolicy = model.PolicyLocal
 	s.Targets.External = nil
-	o, err = r.service(s.Port.Name, s.Port, s.Targets, 3, nil, testAIDs(), noneTaken)
+	o, err = r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 3, newAID: testAIDs(), taken: noneTaken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestRenderPolicies(t *testing.T) {
 	s.Port.NodePort = 30082
 	s.Port.ExternalPolicy = model.PolicyLocal
 	s.Targets.External = eps("10.0.2.2:8080")
-	o, err = r.service(s.Port.Name, s.Port, s.Targets, 4, nil, testAIDs(), noneTaken)
+	o, err = r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 4, newAID: testAIDs(), taken: noneTaken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,15 +254,15 @@ func TestRenderPolicies(t *testing.T) {
 func TestRenderRejectsBadInput(t *testing.T) {
 	r := testRenderer(t, model.IPv4, false)
 	s := clusterSvc("v6", model.TCP, "fd00::1", 80, "10.0.1.2:80")
-	if _, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken); err == nil {
+	if _, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 1, newAID: testAIDs(), taken: noneTaken}); err == nil {
 		t.Error("IPv6 cluster IP in an IPv4 backend accepted")
 	}
 	s = clusterSvc("bad", "ICMP", "10.96.0.1", 80)
-	if _, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken); err == nil {
+	if _, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 1, newAID: testAIDs(), taken: noneTaken}); err == nil {
 		t.Error("bad protocol accepted")
 	}
 	s = clusterSvc(strings.Repeat("x", 300), model.TCP, "10.96.0.1", 80)
-	if _, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken); err == nil {
+	if _, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 1, newAID: testAIDs(), taken: noneTaken}); err == nil {
 		t.Error("over-long name accepted")
 	}
 }
@@ -443,7 +443,7 @@ func TestRenderSourceRangesNodeIP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o, err := r.service(s.Port.Name, s.Port, s.Targets, 1, nil, testAIDs(), noneTaken)
+		o, err := r.service(s.Port.Name, s.Port, s.Targets, svcAlloc{id: 1, newAID: testAIDs(), taken: noneTaken})
 		if err != nil {
 			t.Fatal(err)
 		}

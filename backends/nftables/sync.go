@@ -386,7 +386,7 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		} else {
 			id = st.allocID()
 		}
-		objs, err := b.r.service(name, req.State.Services[name], req.Targets[name], id, prev, newAID, st.taken(name))
+		objs, err := b.r.service(name, req.State.Services[name], req.Targets[name], svcAlloc{id: id, prev: prev, newAID: newAID, taken: st.taken(name)})
 		if err == nil {
 			err = st.claim(name, objs, nil)
 		}
