@@ -27,8 +27,14 @@
 //     lookups and verdict maps, conntrack state, fib, marks, masquerade,
 //     reject.
 //
-// [Decode] and [Text] turn nf_tables messages, from a batch or a kernel
-// dump ([NetlinkConn.List]), back into text; the recorder uses them.
+// [DecodeBatch] and [Text] turn nf_tables messages, from a batch or a
+// kernel dump ([NetlinkConn.List]), back into text; the recorder uses
+// them. [NetlinkConn.ReadTable] reads a whole table back as values
+// (chains with their encoded rules, sets with their elements; rules
+// decode with [DecodeExprs] and print with [ExprText]), and
+// [Table.Follow] works out from it where a packet to a service goes: the
+// nftables backend's public ReadTable, which the demo prints, is built on
+// them.
 //
 // Nothing here holds global state. A Batch and a Conn are not safe for
 // concurrent use.
