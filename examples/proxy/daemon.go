@@ -40,10 +40,13 @@ type daemon struct {
 // reads the Node when the configuration needs it (nodePortAddresses
 // "primary", detectLocalMode NodeCIDR), makes the node settings
 // (conntrack, the mode's sysctls) and, with --init-only, stops there.
-// Otherwise it builds the mode's proxier, serves the healthz and metrics
-// servers, feeds the proxier from informers on d.client and runs it until
-// ctx is done. It leaves the dataplane in place when it returns, for the
-// next instance to adopt: a restart does not disrupt traffic.
+// Otherwise it starts the event recorder, builds the mode's proxier,
+// serves the healthz and metrics servers, feeds the proxier from
+// informers on d.client, sends kube-proxy's Starting event and runs the
+// proxier until ctx is done. With --bind-address-hard-fail a server that
+// fails ends the run with kube-proxy's Warning event. It leaves the
+// dataplane in place when it returns, for the next instance to adopt: a
+// restart does not disrupt traffic.
 func (d *daemon) run(ctx context.Context) (err error) {
 	s := d.s
 	c := &s.cfg
@@ -70,21 +73,38 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		return nil
 	}
 
+	// kube-proxy creates its broadcaster before the proxier and starts
+	// writing in Run; what it records in between (IPVSDeprecation) the
+	// broadcaster drops, having no sink yet. Ours writes from the start,
+	// and is stopped last, once its events are written.
+	recorder := newEventRecorder(d.client, d.nodeName, log)
+	if err := recorder.start(); err != nil {
+		return err
+	}
+	defer recorder.stop()
+
 	p, err := backends.New(string(c.Mode), cfg)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, p.Close()) }()
+	if c.Mode == modeIPVS {
+		recorder.ipvsDeprecation()
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
-	nodes := &nodeTracker{Proxier: p, log: log, fatal: func(err error) {
+	// errc gets the result of the proxier's and the informers'
+	// goroutines; fatalc the first error that ends the run otherwise.
+	errc := make(chan error, 2)
+	fatalc := make(chan error, 1)
+	fatal := func(err error) {
 		select {
-		case errc <- err:
+		case fatalc <- err:
 		default:
 		}
-	}}
+	}
+	nodes := &nodeTracker{Proxier: p, log: log, fatal: fatal}
 	if c.DetectLocalMode == localNodeCIDR {
 		nodes.podCIDRs = info.podCIDRs
 	}
@@ -104,19 +124,30 @@ func (d *daemon) run(ctx context.Context) (err error) {
 			err = errors.Join(err, srv.shutdown(sctx))
 		}
 	}()
-	if c.HealthzBindAddress != "" {
-		srv := &server{what: "healthz", addr: c.HealthzBindAddress, hardFail: c.BindAddressHardFail, log: log,
-			handler: healthzHandler(p, nodes, families, cfg.HealthTimeout)}
+	// A server that fails with hard-fail sends kube-proxy's event and
+	// ends the run: at start (its address cannot be bound), or later.
+	serverFailed := func(e *serverError) {
+		recorder.serverFailed(e)
+		fatal(e)
+	}
+	startServer := func(srv *server) (net.Addr, error) {
+		srv.hardFail, srv.log, srv.failed = c.BindAddressHardFail, log, serverFailed
 		servers = append(servers, srv)
-		if d.healthzAddr, err = srv.start(ctx); err != nil {
+		addr, err := srv.start(ctx)
+		if se := (*serverError)(nil); errors.As(err, &se) {
+			recorder.serverFailed(se)
+		}
+		return addr, err
+	}
+	if c.HealthzBindAddress != "" {
+		srv := &server{what: serverHealthz, addr: c.HealthzBindAddress, handler: healthzHandler(p, nodes, families, cfg.HealthTimeout)}
+		if d.healthzAddr, err = startServer(srv); err != nil {
 			return err
 		}
 	}
 	if c.MetricsBindAddress != "" {
-		srv := &server{what: "metrics", addr: c.MetricsBindAddress, hardFail: c.BindAddressHardFail, log: log,
-			handler: metricsHandler(reg, string(c.Mode), configz, c.EnableProfiling, s.level)}
-		servers = append(servers, srv)
-		if d.metricsAddr, err = srv.start(ctx); err != nil {
+		srv := &server{what: serverMetrics, addr: c.MetricsBindAddress, handler: metricsHandler(reg, string(c.Mode), configz, c.EnableProfiling, s.level)}
+		if d.metricsAddr, err = startServer(srv); err != nil {
 			return err
 		}
 	}
@@ -151,6 +182,8 @@ func (d *daemon) run(ctx context.Context) (err error) {
 			}
 		}()
 	}
+	// kube-proxy's birth cry: the informers run, the proxier syncs.
+	recorder.starting()
 	log.Info("proxy started", "mode", c.Mode, "node", d.nodeName)
 	if d.ready != nil {
 		close(d.ready)
@@ -158,6 +191,7 @@ func (d *daemon) run(ctx context.Context) (err error) {
 	pending := 2
 	select {
 	case <-ctx.Done():
+	case err = <-fatalc:
 	case err = <-errc:
 		pending--
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -172,6 +173,12 @@ iptables:
 	case err := <-done:
 		t.Fatalf("run: %v", err)
 	}
+	// kube-proxy's birth cry, about node1, written through events.k8s.io/v1.
+	var starting *eventsv1.Event
+	for deadline := time.Now().Add(5 * time.Second); starting == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		starting = findEvent(listEvents(t, client), "Starting")
+	}
+	checkNodeEvent(t, starting, tp.Node1.Name, v1.EventTypeNormal, "Starting", "")
 
 	if _, err := client.CoreV1().Services("demo").Create(ctx, webService(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

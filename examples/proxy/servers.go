@@ -237,16 +237,57 @@ func metricsHandler(reg *prometheus.Registry, mode string, configz []byte, profi
 	return mux
 }
 
+// The servers' names, in logs and errors.
+const (
+	serverHealthz = "healthz"
+	serverMetrics = "metrics"
+)
+
 // server is one of the daemon's HTTP servers.
 type server struct {
 	what, addr string
 	handler    http.Handler
 	hardFail   bool
 	log        *slog.Logger
+	// failed, when not nil, is called with hardFail when the server,
+	// once listening, stops serving with an error: kube-proxy then
+	// sends its event and exits.
+	failed func(*serverError)
 
 	mu     sync.Mutex
 	srv    *http.Server
 	closed bool
+}
+
+// serverError is the failure of one of the daemon's servers: it could
+// not listen on its address, or (serving) Serve failed.
+type serverError struct {
+	what, addr string
+	serving    bool
+	err        error
+}
+
+func (e *serverError) Error() string {
+	if e.serving {
+		return fmt.Sprintf("%s server on %s failed: %v", e.what, e.addr, e.err)
+	}
+	return fmt.Sprintf("failed to start %s server on %s: %v", e.what, e.addr, e.err)
+}
+
+func (e *serverError) Unwrap() error { return e.err }
+
+// kubeProxyText is the error as kube-proxy words it in the note of its
+// event: its healthz server wraps the listen or serve error
+// (pkg/proxy/healthcheck.ProxyHealthServer.Run, then serveHealthz); its
+// metrics server's is the bare error of the listen or of Serve.
+func (e *serverError) kubeProxyText() string {
+	if e.what != serverHealthz {
+		return e.err.Error()
+	}
+	if e.serving {
+		return fmt.Sprintf("healthz server failed: proxy healthz closed with error: %v", e.err)
+	}
+	return fmt.Sprintf("healthz server failed: failed to start proxy healthz on %s: %v", e.addr, e.err)
 }
 
 // retryListen is how long a server whose address cannot be bound waits
@@ -254,14 +295,15 @@ type server struct {
 var retryListen = 5 * time.Second
 
 // start listens and serves in the background. When the address cannot
-// be bound, it fails if hardFail (kube-proxy's bindAddressHardFail),
-// else logs and retries every 5 s until ctx is done, as kube-proxy does.
-// It returns the address listened on, nil while retrying.
+// be bound, it fails with a *serverError if hardFail (kube-proxy's
+// bindAddressHardFail), else logs and retries every 5 s until ctx is
+// done, as kube-proxy does. It returns the address listened on, nil while
+// retrying.
 func (s *server) start(ctx context.Context) (net.Addr, error) {
 	l, err := net.Listen("tcp", listenAddr(s.addr))
 	if err != nil {
 		if s.hardFail {
-			return nil, fmt.Errorf("failed to start %s server on %s: %w", s.what, s.addr, err)
+			return nil, &serverError{what: s.what, addr: s.addr, err: err}
 		}
 		s.log.Error("Failed to start server, will retry", "server", s.what, "address", s.addr, "err", err, "retry", retryListen)
 		go func() {
@@ -297,6 +339,9 @@ func (s *server) serve(l net.Listener) {
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("HTTP server failed", "server", s.what, "err", err)
+			if s.hardFail && s.failed != nil {
+				s.failed(&serverError{what: s.what, addr: s.addr, serving: true, err: err})
+			}
 		}
 	}()
 }
