@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -130,20 +131,44 @@ func newEnv(t *testing.T, backend string, opts envOptions) *env {
 	e.tp = testnet.New(t, testnet.Options{Node1Pods: 3, Node2Pods: 2})
 	args := []string{
 		"--kubeconfig=" + kubeconfig,
-		"--backend=" + backend,
+		"--proxy-mode=" + backend,
 		"--hostname-override=" + testnet.Node1Name,
 		"--netns=" + e.tp.Node1.Path(),
 		"--cluster-cidr=" + testnet.PodNetworkIPv4.String() + "," + testnet.PodNetworkIPv6.String(),
-		"--metrics-bind-address=127.0.0.1:0",
-		"--healthz-bind-address=127.0.0.1:0",
-		"-v", // every sync in the log, shown when the test fails
+		// kube-proxy's validation refuses port 0: free ports, picked
+		// now (the daemon logs what it serves on).
+		"--metrics-bind-address=" + freeAddr(t),
+		"--healthz-bind-address=" + freeAddr(t),
+		// Node ports on every address, as the tests probe them on
+		// node1's address toward the client (kube-proxy's nftables
+		// mode defaults to the primary address only).
+		"--nodeport-addresses=0.0.0.0/0,::/0",
+		// nf_conntrack_max is the host's: a daemon programming another
+		// namespace leaves it alone, as kube-proxy's 0 means.
+		"--conntrack-max-per-core=0",
+		"-v=4", // every sync in the log, shown when the test fails
 	}
 	if opts.minSyncPeriod > 0 {
-		args = append(args, "--min-sync-period="+opts.minSyncPeriod.String())
+		flag := "--iptables-min-sync-period=" // kube-proxy's flag for every mode but ipvs
+		if backend == "ipvs" {
+			flag = "--ipvs-min-sync-period="
+		}
+		args = append(args, flag+opts.minSyncPeriod.String())
 	}
 	e.proxy = startDaemon(t, bin, e.tp.Node1.Path(), args...)
 	t.Cleanup(func() { host.check(t) })
 	return e
+}
+
+// freeAddr returns a loopback address with a TCP port free right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // checkNotAdmin checks that the daemon's identity can read what it needs
