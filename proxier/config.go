@@ -78,6 +78,12 @@ type Config struct {
 	// NoServiceHealthChecks turns off the HTTP servers on the
 	// healthCheckNodePort of Services with externalTrafficPolicy Local.
 	NoServiceHealthChecks bool
+	// ServiceHealthError, when set, is called from the sync loop for each
+	// health check node port that could not be opened, at each attempt
+	// (the port is tried again at every sync until it opens), as
+	// kube-proxy records a FailedToStartServiceHealthcheck event each
+	// time.
+	ServiceHealthError func(svc model.ServiceName, port uint16, err error)
 	// HealthTimeout is how long an event may wait to be programmed before
 	// the proxier reports itself unhealthy (see [HealthHandler]). The
 	// first sync counts as pending from New, so a proxier whose initial

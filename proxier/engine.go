@@ -745,6 +745,11 @@ func (e *Engine) serveServiceHealth(want map[model.ServiceName]healthcheck.Servi
 	err := e.svcHC.Sync(want)
 	if err != nil {
 		e.log.Warn("service health checks", "err", err)
+		if f := e.cfg.ServiceHealthError; f != nil {
+			for _, pe := range healthcheck.PortErrors(err) {
+				f(pe.Service, pe.Port, pe.Err)
+			}
+		}
 	}
 	e.hcServed, e.hcFailed = want, err != nil
 }

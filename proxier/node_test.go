@@ -111,3 +111,74 @@ func TestNodeSharedByTwoProxiers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServiceHealthErrorReported: a health check node port that cannot be
+// opened (another program holds it) is reported to
+// Config.ServiceHealthError with its Service and port, as kube-proxy
+// records an event; once the port is free, the server opens.
+func TestServiceHealthErrorReported(t *testing.T) {
+	tp := testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})
+	var squatter net.Listener
+	if err := tp.Node1.Do(func() error {
+		var err error
+		squatter, err = net.Listen("tcp", ":32087")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	type report struct {
+		svc  model.ServiceName
+		port uint16
+	}
+	reports := make(chan report, 100)
+	e, err := New(Config{NetNS: tp.Node1.Path(), NodeName: "node-a", MinSyncInterval: time.Millisecond, NoConntrackCleanup: true,
+		ServiceHealthError: func(svc model.ServiceName, port uint16, err error) {
+			if err == nil {
+				t.Error("a report without an error")
+			}
+			reports <- report{svc, port}
+		}}, newRecorder(model.IPv4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; e.Close() })
+
+	svc := testService("lb", "10.96.0.7", 80)
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.Ports[0].NodePort = 30087
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = 32087
+	s := testSlice("lb", "lb-1", "10.244.1.2")
+	s.Endpoints[0].NodeName = ptr.To("node-a")
+	e.OnServiceAdd(svc)
+	e.OnEndpointSliceAdd(s)
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+	select {
+	case r := <-reports:
+		if r.svc != (model.ServiceName{Namespace: "ns", Name: "lb"}) || r.port != 32087 {
+			t.Fatalf("reported %+v, want ns/lb port 32087", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the taken health check port was not reported")
+	}
+	// Freed, the port opens at the next sync.
+	squatter.Close()
+	e.Sync()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := tp.Client.DialTCP(netip.AddrPortFrom(tp.Node1.ExternalIP(model.IPv4), 32087), time.Second)
+		if err == nil {
+			conn.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the health check port did not open once free: %v", err)
+		}
+		e.Sync()
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -82,6 +82,7 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer recorder.stop()
+	cfg.ServiceHealthError = recorder.serviceHealthFailed
 
 	p, err := backends.New(string(c.Mode), cfg)
 	if err != nil {

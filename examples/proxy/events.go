@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+
+	"github.com/proxykit/proxykit/model"
 )
 
 // The events kube-proxy v1.36.3 sends, as its cmd/kube-proxy/app
@@ -28,6 +30,11 @@ const (
 	reasonIPVSDeprecation = "IPVSDeprecation"
 	reasonFailedHealthz   = "FailedToStartProxierHealthcheck"
 	reasonFailedMetrics   = "FailedToStartMetricServer"
+	// reasonFailedServiceHC is the Warning on a Service whose health
+	// check node port could not be opened (pkg/proxy/healthcheck), with
+	// the action actionListen.
+	reasonFailedServiceHC = "FailedToStartServiceHealthcheck"
+	actionListen          = "Listen"
 	ipvsDeprecationNote   = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
 )
 
@@ -99,6 +106,21 @@ func (r *eventRecorder) event(eventType, reason, note string) {
 	}
 	r.recorded++
 	r.recorder.Eventf(r.node, nil, eventType, reason, eventActionStart, "%s", note)
+}
+
+// serviceHealthFailed records, on the Service, that its health check
+// node port could not be opened, with kube-proxy's note; the engine calls
+// it at each attempt (proxier.Config.ServiceHealthError).
+func (r *eventRecorder) serviceHealthFailed(svc model.ServiceName, port uint16, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	r.recorded++
+	ref := &v1.ObjectReference{APIVersion: "v1", Kind: "Service", Namespace: svc.Namespace, Name: svc.Name}
+	r.recorder.Eventf(ref, nil, v1.EventTypeWarning, reasonFailedServiceHC, actionListen,
+		"node %s failed to start healthcheck %q on port %d: %v", r.node.Name, svc.String(), port, err)
 }
 
 // starting records kube-proxy's birth cry: Normal, Starting,

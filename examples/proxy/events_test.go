@@ -18,13 +18,15 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/proxykit/proxykit/sandbox"
+
+	"github.com/proxykit/proxykit/model"
 )
 
-// listEvents returns the events.k8s.io/v1 events of the "default"
-// namespace, where kube-proxy's Node events go.
+// listEvents returns the events.k8s.io/v1 events of every namespace:
+// kube-proxy's Node events go to "default", a Service's to its own.
 func listEvents(t *testing.T, client kubernetes.Interface) []eventsv1.Event {
 	t.Helper()
-	l, err := client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	l, err := client.EventsV1().Events(metav1.NamespaceAll).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +84,21 @@ func TestEventRecorder(t *testing.T) {
 	r.ipvsDeprecation()
 	r.serverFailed(&serverError{what: serverHealthz, addr: "0.0.0.0:10256", err: bind})
 	r.serverFailed(&serverError{what: serverMetrics, addr: "127.0.0.1:10249", err: bind})
+	r.serviceHealthFailed(model.ServiceName{Namespace: "web", Name: "lb"}, 32000, bind)
 	r.stop()
 	r.starting() // dropped: stopped
 
 	evs := listEvents(t, client)
-	if len(evs) != 4 {
-		t.Errorf("%d events, want 4: %+v", len(evs), evs)
+	if len(evs) != 5 {
+		t.Errorf("%d events, want 5: %+v", len(evs), evs)
+	}
+	// On the Service, as kube-proxy's healthcheck package records it.
+	if ev := findEvent(evs, "FailedToStartServiceHealthcheck"); ev == nil {
+		t.Error("no FailedToStartServiceHealthcheck event")
+	} else if ev.Namespace != "web" || ev.Type != v1.EventTypeWarning || ev.Action != "Listen" || ev.Regarding.Kind != "Service" ||
+		ev.Regarding.Namespace != "web" || ev.Regarding.Name != "lb" ||
+		ev.Note != `node node-a failed to start healthcheck "web/lb" on port 32000: bind: address already in use` {
+		t.Errorf("service event: %+v", ev)
 	}
 	checkNodeEvent(t, findEvent(evs, "Starting"), "node-a", v1.EventTypeNormal, "Starting", "")
 	checkNodeEvent(t, findEvent(evs, "IPVSDeprecation"), "node-a", v1.EventTypeWarning, "IPVSDeprecation",

@@ -84,7 +84,7 @@ func (s *ServiceServers) Sync(services map[model.ServiceName]ServiceHealth) erro
 			var err error
 			srv, err = s.open(name, h.Port)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("health check for %s on port %d: %w", name, h.Port, err))
+				errs = append(errs, &PortError{Service: name, Port: h.Port, Err: err})
 				continue
 			}
 			s.services[name] = srv
@@ -94,6 +94,40 @@ func (s *ServiceServers) Sync(services map[model.ServiceName]ServiceHealth) erro
 		srv.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// PortError is a health check node port that could not be opened.
+type PortError struct {
+	Service model.ServiceName // the Service whose port it is
+	Port    uint16            // the health check node port
+	Err     error             // why it could not be opened
+}
+
+// Error names the Service and the port.
+func (e *PortError) Error() string {
+	return fmt.Sprintf("health check for %s on port %d: %v", e.Service, e.Port, e.Err)
+}
+
+// Unwrap returns the listen error.
+func (e *PortError) Unwrap() error { return e.Err }
+
+// PortErrors returns the PortErrors in err (as Sync joins them).
+func PortErrors(err error) []*PortError {
+	var out []*PortError
+	var walk func(error)
+	walk = func(err error) {
+		if pe, ok := err.(*PortError); ok {
+			out = append(out, pe)
+			return
+		}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+		}
+	}
+	walk(err)
+	return out
 }
 
 // Close stops every server.
