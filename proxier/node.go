@@ -112,19 +112,10 @@ func (n *Node) Close() error {
 // cleanConntrack runs one conntrack cleanup, opening the connection the
 // first time.
 func (n *Node) cleanConntrack(f model.IPFamily, valid conntrack.Valid) (int, error) {
+	if err := n.openConntrack(); err != nil {
+		return 0, err
+	}
 	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		return 0, errors.New("proxier: node is closed")
-	}
-	if n.ct == nil {
-		ct, err := conntrack.Open(n.ns)
-		if err != nil {
-			n.mu.Unlock()
-			return 0, fmt.Errorf("proxier: %w", err)
-		}
-		n.ct = ct
-	}
 	ct := n.ct
 	n.mu.Unlock()
 	n.ctMu.Lock()
@@ -137,6 +128,9 @@ func (n *Node) cleanConntrack(f model.IPFamily, valid conntrack.Valid) (int, err
 func (n *Node) openConntrack() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.closed {
+		return errors.New("proxier: node is closed")
+	}
 	if n.ct != nil {
 		return nil
 	}
