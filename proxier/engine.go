@@ -38,6 +38,10 @@ type Engine struct {
 	// only the sync goroutine touches it.
 	hcServed map[model.ServiceName]healthcheck.ServiceHealth
 	hcFailed bool // the last health check Sync failed: try it again
+	// syncMu is held by a sync and by Inspect and Plan: the backends'
+	// methods never run concurrently, and the kernel is read between
+	// syncs. It comes before mu.
+	syncMu sync.Mutex
 
 	mu             sync.Mutex
 	servicesSynced bool
@@ -91,6 +95,9 @@ type family struct {
 	// health holds the service ports that have a health check node port
 	// and an external policy of Local, with their local ready endpoints.
 	health map[model.ServicePortName]portHealth
+	// objErrs are the service ports the backend could not program, from
+	// the object errors of the syncs since the last full one.
+	objErrs map[model.ServicePortName]error
 }
 
 const (
@@ -168,6 +175,7 @@ func New(cfg Config, backends ...Backend) (*Engine, error) {
 			needFull: true,
 			noLocal:  map[model.ServicePortName]uint8{},
 			health:   map[model.ServicePortName]portHealth{},
+			objErrs:  map[model.ServicePortName]error{},
 			owners:   newOwners(),
 		})
 	}
@@ -441,6 +449,8 @@ func (e *Engine) Run(ctx context.Context) error {
 // syncOnce applies pending changes and syncs every family. It reports
 // whether all families synced, and whether the engine was ready to sync.
 func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
+	e.syncMu.Lock()
+	defer e.syncMu.Unlock()
 	e.mu.Lock()
 	e.health.LastLoop = time.Now()
 	if !e.servicesSynced || !e.slicesSynced {
@@ -665,9 +675,17 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 		}
 		return false
 	}
+	if full {
+		clear(f.objErrs)
+	} else {
+		for name := range f.changed {
+			delete(f.objErrs, name)
+		}
+	}
 	if err != nil {
 		for _, oe := range objectErrors(err) {
 			log.Warn("service port skipped", "service", oe.Service.String(), "err", oe.Err)
+			f.objErrs[oe.Service] = oe.Err
 		}
 	}
 	e.metrics.observeSync(fam, full, time.Since(start), true)
@@ -851,6 +869,8 @@ func objectErrors(err error) []*ObjectError {
 
 // Cleanup implements [Proxier]: every backend removes what it created.
 func (e *Engine) Cleanup(ctx context.Context) error {
+	e.syncMu.Lock()
+	defer e.syncMu.Unlock()
 	var errs []error
 	for _, f := range e.families {
 		if err := f.backend.Cleanup(ctx); err != nil {
@@ -869,6 +889,8 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	e.mu.Unlock()
+	e.syncMu.Lock()
+	defer e.syncMu.Unlock()
 	var errs []error
 	if err := e.closeNode(); err != nil {
 		errs = append(errs, err)

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"slices"
 
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/nftnl"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // This file reads a table of the backend back from the kernel, decoded,
@@ -265,4 +269,180 @@ func rangeText(first, last netip.Addr) string {
 		}
 	}
 	return first.String() + "-" + last.String()
+}
+
+var _ proxier.Inspector = (*backend)(nil)
+
+// Inspect implements [proxier.Inspector]: it reads the backend's table
+// back from the kernel and returns its frontends. A table that does not
+// exist holds none.
+func (b *backend) Inspect(ctx context.Context) ([]proxier.Frontend, error) {
+	if b.ns == nil {
+		return nil, errors.New("nftables: backend is closed")
+	}
+	return readFrontends(ctx, b.ns, b.fi.fam, b.cfg.TableName)
+}
+
+// Inspect reads what a proxier configured by cfg programmed in family,
+// from the kernel and without a proxier: the frontends of the table
+// cfg.TableName (empty: [DefaultTableName]) in cfg.NetNS. A table that
+// does not exist holds none.
+func Inspect(ctx context.Context, cfg Config, family model.IPFamily) ([]proxier.Frontend, error) {
+	if family != model.IPv4 && family != model.IPv6 {
+		return nil, fmt.Errorf("nftables: unknown IP family %v", family)
+	}
+	cfg = cfg.WithDefaults()
+	ns, err := netns.Open(cfg.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	defer ns.Close()
+	return readFrontends(ctx, ns, family, cfg.TableName)
+}
+
+func readFrontends(ctx context.Context, ns *netns.NS, family model.IPFamily, table string) ([]proxier.Frontend, error) {
+	c, err := nftnl.Dial(ns)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	defer c.Close()
+	nt, err := c.ReadTable(ctx, nftnl.FamilyOf(family).Proto, table)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return frontendsOf(nt, family), nil
+}
+
+// frontendsOf returns the frontends of a table: the elements of the
+// dispatch maps (service-ips, service-nodeports) followed through the
+// rules to their endpoints, those of the no-endpoint maps with their
+// verdicts, and the source ranges of the firewall.
+func frontendsOf(nt *nftnl.Table, family model.IPFamily) []proxier.Frontend {
+	var out []proxier.Frontend
+	for _, m := range []string{setServiceIPs, setServiceNodePorts, setNoEndpointIPs, setNoEndpointPorts} {
+		s := nt.Set(m)
+		if s == nil {
+			continue
+		}
+		for _, e := range sortedElems(nt.Elems[m]) {
+			fl, ok := nt.FlowOf(s, e.Key)
+			if !ok || e.Verdict == nil {
+				continue
+			}
+			proto, ok := model.ProtocolOfNumber(fl.Proto)
+			if !ok {
+				continue
+			}
+			f := proxier.Frontend{Protocol: proto, Port: fl.Dport, Detail: m + " -> " + e.Verdict.String()}
+			if fl.Daddr != nil {
+				f.Addr, _ = netip.AddrFromSlice(fl.Daddr)
+			}
+			if e.Verdict.Chain == "" {
+				f.Verdict = e.Verdict.String()
+			} else {
+				o := nt.Follow(e.Verdict.Chain, fl)
+				f.Endpoints, f.SomeSources, f.Affinity = o.Endpoints, o.Some, o.Affinity
+				if len(o.Verdicts) > 0 {
+					f.Verdict = o.Verdicts[0]
+				}
+			}
+			out = append(out, f)
+		}
+	}
+	out = mergeFrontends(out)
+	ranges := firewallRanges(nt, family)
+	for i := range out {
+		k := fwKey{out[i].Addr, out[i].Protocol, out[i].Port}
+		out[i].SourceRanges = ranges[k]
+	}
+	return out
+}
+
+// fwKey is a load-balancer IP's address, protocol and port.
+type fwKey struct {
+	addr  netip.Addr
+	proto model.Protocol
+	port  uint16
+}
+
+// firewallRanges returns the admitted sources of each frontend of the
+// firewall-ips set, from the firewall-allow set (keys address . protocol
+// . port . source range, each field padded to 4 bytes).
+func firewallRanges(nt *nftnl.Table, family model.IPFamily) map[fwKey][]netip.Prefix {
+	if nt.Set(setFirewallAllow) == nil {
+		return nil
+	}
+	n := 4
+	if family == model.IPv6 {
+		n = 16
+	}
+	field := func(k []byte) (fwKey, netip.Addr, bool) {
+		if len(k) != 2*n+8 {
+			return fwKey{}, netip.Addr{}, false
+		}
+		a, _ := netip.AddrFromSlice(k[:n])
+		proto, ok := model.ProtocolOfNumber(k[n])
+		src, _ := netip.AddrFromSlice(k[n+8:])
+		return fwKey{a, proto, binary.BigEndian.Uint16(k[n+4:])}, src, ok
+	}
+	out := map[fwKey][]netip.Prefix{}
+	for _, e := range nt.Elems[setFirewallAllow] {
+		k, first, ok := field(e.Key)
+		last := first
+		if e.KeyEnd != nil {
+			_, last, ok = field(e.KeyEnd)
+		}
+		if ok && first.IsValid() && last.IsValid() {
+			out[k] = append(out[k], nftnl.RangePrefixes(first, last)...)
+		}
+	}
+	// A frontend in firewall-ips with no admitted source admits none.
+	for _, e := range nt.Elems[setFirewallIPs] {
+		if fl, ok := nt.FlowOf(nt.Set(setFirewallIPs), e.Key); ok {
+			if p, ok := model.ProtocolOfNumber(fl.Proto); ok {
+				a, _ := netip.AddrFromSlice(fl.Daddr)
+				k := fwKey{a, p, fl.Dport}
+				if _, ok := out[k]; !ok {
+					out[k] = []netip.Prefix{}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// mergeFrontends merges the frontends read for one address, protocol and
+// port from a dispatch map and a no-endpoint map: the no-endpoint map's
+// verdict applies to some sources (those outside the cluster, with
+// externalTrafficPolicy Local and no local endpoint), the dispatch map's
+// endpoints to the others. An endpoint every source reaches is not
+// listed among those only some reach.
+func mergeFrontends(fs []proxier.Frontend) []proxier.Frontend {
+	idx := map[fwKey]int{}
+	var out []proxier.Frontend
+	for _, f := range fs {
+		k := fwKey{f.Addr, f.Protocol, f.Port}
+		i, ok := idx[k]
+		if !ok {
+			idx[k] = len(out)
+			out = append(out, f)
+			continue
+		}
+		m := &out[i]
+		m.SomeSources = append(append(m.SomeSources, m.Endpoints...), append(f.Endpoints, f.SomeSources...)...)
+		m.Endpoints = nil
+		m.Verdict = cmp.Or(m.Verdict, f.Verdict)
+		m.Affinity = m.Affinity || f.Affinity
+		m.Detail += ", " + f.Detail
+	}
+	for i := range out {
+		f := &out[i]
+		f.SomeSources = slices.DeleteFunc(f.SomeSources, func(a netip.AddrPort) bool { return slices.Contains(f.Endpoints, a) })
+		slices.SortFunc(f.SomeSources, netip.AddrPort.Compare)
+		f.SomeSources = slices.Compact(f.SomeSources)
+	}
+	return out
 }

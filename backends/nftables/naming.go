@@ -167,7 +167,7 @@ func (fi *familyInfo) tuplePrefix(a netip.Addr, p model.Protocol, pt uint16) (pr
 		}
 		return k, true
 	}
-	h := reciprocalScale(jhash(k, hashSeed), hashModulus)
+	h := nftnl.ReciprocalScale(nftnl.Jhash(k, hashSeed), hashModulus)
 	return append(binary.NativeEndian.AppendUint32(nil, h), make([]byte, 8)...), true
 }
 
@@ -225,65 +225,6 @@ func rangeStarts(n int) []uint32 {
 	}
 	return out
 }
-
-// jhash is the kernel's jhash() (include/linux/jhash.h, Bob Jenkins'
-// lookup3) over k, reading words in host byte order as the kernel does.
-func jhash(k []byte, initval uint32) uint32 {
-	rol := func(x uint32, n uint) uint32 { return x<<n | x>>(32-n) }
-	a := 0xdeadbeef + uint32(len(k)) + initval
-	b, c := a, a
-	for len(k) > 12 {
-		a += binary.NativeEndian.Uint32(k)
-		b += binary.NativeEndian.Uint32(k[4:])
-		c += binary.NativeEndian.Uint32(k[8:])
-		a -= c
-		a ^= rol(c, 4)
-		c += b
-		b -= a
-		b ^= rol(a, 6)
-		a += c
-		c -= b
-		c ^= rol(b, 8)
-		b += a
-		a -= c
-		a ^= rol(c, 16)
-		c += b
-		b -= a
-		b ^= rol(a, 19)
-		a += c
-		c -= b
-		c ^= rol(b, 4)
-		b += a
-		k = k[12:]
-	}
-	if len(k) == 0 {
-		return c
-	}
-	var last [12]byte
-	copy(last[:], k)
-	// The kernel adds the tail bytes as little-endian values.
-	a += binary.LittleEndian.Uint32(last[0:])
-	b += binary.LittleEndian.Uint32(last[4:])
-	c += binary.LittleEndian.Uint32(last[8:])
-	c ^= b
-	c -= rol(b, 14)
-	a ^= c
-	a -= rol(c, 11)
-	b ^= a
-	b -= rol(a, 25)
-	c ^= b
-	c -= rol(b, 16)
-	a ^= c
-	a -= rol(c, 4)
-	b ^= a
-	b -= rol(a, 14)
-	c ^= b
-	c -= rol(b, 24)
-	return c
-}
-
-// reciprocalScale is the kernel's reciprocal_scale: val scaled to [0, n).
-func reciprocalScale(val, n uint32) uint32 { return uint32(uint64(val) * uint64(n) >> 32) }
 
 // fixedSetSpecs returns the sets and maps the fixed chains use: every
 // table has them.

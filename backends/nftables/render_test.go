@@ -142,7 +142,7 @@ func TestJhashMatchesKernel(t *testing.T) {
 		{"Four score and seven years ago", 0, 0x17770551},
 		{"Four score and seven years ago", 1, 0xcd628161},
 	} {
-		if got := jhash([]byte(v.in), v.seed); got != v.want {
+		if got := nftnl.Jhash([]byte(v.in), v.seed); got != v.want {
 			t.Errorf("jhash(%q, %#x) = %#x, want %#x", v.in, v.seed, got, v.want)
 		}
 	}

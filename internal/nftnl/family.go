@@ -220,3 +220,87 @@ func align4(n int) int        { return (n + 3) &^ 3 }
 func align4u(n uint32) uint32 { return (n + 3) &^ 3 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// RangePrefixes returns the fewest prefixes that cover exactly the
+// addresses from first to last (of one family, first not after last).
+func RangePrefixes(first, last netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for first.IsValid() && first.Compare(last) <= 0 {
+		// The largest prefix that starts at first and ends by last.
+		bits := first.BitLen()
+		for bits > 0 {
+			p := netip.PrefixFrom(first, bits-1)
+			if p.Masked().Addr() != first || LastAddr(p).Compare(last) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(first, bits)
+		out = append(out, p)
+		end := LastAddr(p)
+		if end == last {
+			break
+		}
+		first = end.Next()
+	}
+	return out
+}
+
+// Jhash is the kernel's jhash() (include/linux/jhash.h, Bob Jenkins'
+// lookup3) over k, reading words in host byte order as the kernel does.
+func Jhash(k []byte, initval uint32) uint32 {
+	rol := func(x uint32, n uint) uint32 { return x<<n | x>>(32-n) }
+	a := 0xdeadbeef + uint32(len(k)) + initval
+	b, c := a, a
+	for len(k) > 12 {
+		a += binary.NativeEndian.Uint32(k)
+		b += binary.NativeEndian.Uint32(k[4:])
+		c += binary.NativeEndian.Uint32(k[8:])
+		a -= c
+		a ^= rol(c, 4)
+		c += b
+		b -= a
+		b ^= rol(a, 6)
+		a += c
+		c -= b
+		c ^= rol(b, 8)
+		b += a
+		a -= c
+		a ^= rol(c, 16)
+		c += b
+		b -= a
+		b ^= rol(a, 19)
+		a += c
+		c -= b
+		c ^= rol(b, 4)
+		b += a
+		k = k[12:]
+	}
+	if len(k) == 0 {
+		return c
+	}
+	var last [12]byte
+	copy(last[:], k)
+	// The kernel adds the tail bytes as little-endian values.
+	a += binary.LittleEndian.Uint32(last[0:])
+	b += binary.LittleEndian.Uint32(last[4:])
+	c += binary.LittleEndian.Uint32(last[8:])
+	c ^= b
+	c -= rol(b, 14)
+	a ^= c
+	a -= rol(c, 11)
+	b ^= a
+	b -= rol(a, 25)
+	c ^= b
+	c -= rol(b, 16)
+	a ^= c
+	a -= rol(c, 4)
+	b ^= a
+	b -= rol(a, 14)
+	c ^= b
+	c -= rol(b, 24)
+	return c
+}
+
+// ReciprocalScale is the kernel's reciprocal_scale: val scaled to [0, n).
+func ReciprocalScale(val, n uint32) uint32 { return uint32(uint64(val) * uint64(n) >> 32) }

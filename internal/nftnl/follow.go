@@ -241,6 +241,16 @@ func (ev *evaluator) rule(r Rule, f Flow, rg registers, depth int, some bool, o 
 			}
 		case *expr.Numgen:
 			rg[regIdx(e.Register)] = chunk{kind: random, lo: uint64(e.Offset), hi: uint64(e.Offset) + uint64(e.Modulus)}
+		case *expr.Hash:
+			// nft_jhash: the hash of the source registers' bytes,
+			// scaled to the modulus, plus the offset, in host order.
+			src, ok := constBytes(rg.read(regIdx(e.SourceRegister), int(e.Length+3)/4))
+			if e.Type != expr.HashTypeJenkins || !ok || len(src) < int(e.Length) {
+				rg.set(regIdx(e.DestRegister), make([]byte, 4), unknown)
+				continue
+			}
+			h := ReciprocalScale(Jhash(src[:e.Length], e.Seed), e.Modulus) + e.Offset
+			rg.set(regIdx(e.DestRegister), binary.NativeEndian.AppendUint32(nil, h), constant)
 		case *expr.Bitwise:
 			src := rg.read(regIdx(e.SourceRegister), int(e.Len+3)/4)
 			if b, ok := constBytes(src); ok && len(e.Mask) == len(e.Xor) && len(e.Mask) <= len(b) {

@@ -139,8 +139,10 @@ func sampleBatch(t *testing.T, f Family, table string) *Batch {
 		{Key: f.Key(a, model.UDP, 53), Verdict: &Verdict{Code: VerdictDrop}},
 		{Key: f.Key(a, model.TCP, 80), Verdict: &Verdict{Code: unix.NFT_GOTO, Chain: "target"}},
 	})
-	k := make([]byte, 16)
-	k[0] = 1
+	// The range map's key: the hash the target chain computes of the
+	// flow, 8 zero bytes, then the random position.
+	k := binary.NativeEndian.AppendUint32(nil, ReciprocalScale(Jhash(f.Key(a, model.TCP, 80), 0x70726f78), 0xffffffff))
+	k = append(k, make([]byte, 12)...)
 	end := append([]byte{}, k...)
 	end[12] = 0xff
 	tx.AddElems("eps", []Elem{{Key: k, Val: append(f.Addr(ep), Port(8080)...)}, {Key: end, IntervalEnd: true}})
@@ -172,8 +174,8 @@ add element ip t svc {
 	10.96.0.1 . udp . 53 : drop
 }
 add element ip t eps {
-	100:: : 10.0.1.2 . 8080
-	100::ff00:0 (interval end)
+	5d05:d589:: : 10.0.1.2 . 8080
+	5d05:d589::ff00:0 (interval end)
 }
 add element ip t allow { 10.96.0.1 . tcp . 80 . 10.0.1.2 - 10.96.0.1 . tcp . 80 . 10.0.1.3 }
 `

@@ -1,0 +1,64 @@
+package proxiertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// inspectable is a Proxier that reads back what it programmed: the
+// engine of [proxier.New].
+type inspectable interface {
+	Inspect(ctx context.Context) (*proxier.Report, error)
+}
+
+// checkInspected checks, when the proxier can read back what it
+// programmed, that the kernel holds every frontend of the desired state as
+// it should ([proxier.Frontend.Diff]) and none that nothing asks for.
+// Service ports the backend reported it could not program are left out.
+// A backend without [proxier.Inspector] is not checked.
+func (e *env) checkInspected(in *instance) {
+	e.t.Helper()
+	p, ok := in.p.(inspectable)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	r, err := p.Inspect(ctx)
+	if errors.Is(err, proxier.ErrClosed) {
+		return
+	}
+	if err != nil {
+		e.t.Fatalf("Inspect: %v", err)
+	}
+	var bad []string
+	for _, fr := range r.Families {
+		if fr.Error == proxier.ErrNoInspector.Error() {
+			continue
+		}
+		if fr.Error != "" {
+			bad = append(bad, fr.Family+": "+fr.Error)
+			continue
+		}
+		for _, sr := range fr.Services {
+			if sr.Error != "" {
+				continue
+			}
+			for _, f := range sr.Frontends {
+				if f.Diff != "" {
+					bad = append(bad, fmt.Sprintf("%s %s %s %s: %s (read: %+v)", fr.Family, sr.Service, f.Kind, f.Want.Frontend, f.Diff, f.Got))
+				}
+			}
+		}
+		for _, u := range fr.Unclaimed {
+			bad = append(bad, fr.Family+" unclaimed frontend in the kernel: "+u.Frontend+" ("+u.Detail+")")
+		}
+	}
+	if len(bad) > 0 {
+		e.t.Errorf("what %s reads back from the kernel differs from the desired state:\n\t%s", r.Backend, strings.Join(bad, "\n\t"))
+	}
+}
