@@ -1,10 +1,12 @@
 package proxier
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/netip"
 	"slices"
@@ -350,6 +352,22 @@ var ErrNoInspector = errors.New("the backend cannot read back what it programmed
 // ErrClosed is returned by [Engine.Inspect] after Close.
 var ErrClosed = errors.New("proxier: closed")
 
+// ErrNotSynced is returned by [Engine.Plan] until both the initial
+// Services and EndpointSlices have been delivered: a plan before that
+// would show services without their endpoints.
+var ErrNotSynced = errors.New("proxier: the initial Services and EndpointSlices have not been delivered yet")
+
+// Reporter is a Proxier that reports what it programmed and what it
+// would program: the [Engine] every backend package returns.
+type Reporter interface {
+	// Inspect: see [Engine.Inspect].
+	Inspect(ctx context.Context) (*Report, error)
+	// Plan: see [Engine.Plan].
+	Plan(ctx context.Context) (*Report, error)
+}
+
+var _ Reporter = (*Engine)(nil)
+
 // Inspect reports, per IP family, every service port of the desired state
 // with its frontends: what they should be, as [WantFrontends] computes
 // them from the targets of the last sync, and what each backend reads
@@ -364,8 +382,9 @@ func (e *Engine) Inspect(ctx context.Context) (*Report, error) {
 
 // Plan is [Engine.Inspect] without reading the kernel: every frontend's
 // Want, as the next sync programs it (a dry run). It computes the
-// targets for the current state itself, so it needs no sync; it changes
-// nothing.
+// targets for the current state itself, so it needs no sync and changes
+// nothing in the kernel. It fails with [ErrNotSynced] until the initial
+// Services and EndpointSlices have been delivered.
 func (e *Engine) Plan(ctx context.Context) (*Report, error) {
 	return e.inspect(ctx, false)
 }
@@ -375,9 +394,13 @@ func (e *Engine) inspect(ctx context.Context, read bool) (*Report, error) {
 	defer e.syncMu.Unlock()
 	e.mu.Lock()
 	closed, topo, allIPs := e.closed, e.topo, e.nodeIPs
+	synced := e.servicesSynced && e.slicesSynced
 	e.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
+	}
+	if !read && !synced {
+		return nil, ErrNotSynced
 	}
 	r := &Report{Backend: e.families[0].backend.Name()}
 	for _, f := range e.families {
@@ -521,4 +544,101 @@ func joinFrontends(services map[model.ServicePortName]*model.ServicePort, target
 	}
 	slices.SortFunc(unclaimed, func(a, b FrontendJSON) int { return cmp.Compare(a.Frontend, b.Frontend) })
 	return out, unclaimed
+}
+
+// planBackend is the Backend of [NewPlanner]: it programs nothing.
+type planBackend struct {
+	name   string
+	family model.IPFamily
+}
+
+func (b planBackend) Name() string                             { return b.name }
+func (b planBackend) Family() model.IPFamily                   { return b.family }
+func (b planBackend) Sync(context.Context, *SyncRequest) error { return nil }
+func (b planBackend) Cleanup(context.Context) error            { return nil }
+func (b planBackend) Close() error                             { return nil }
+
+// NewPlanner returns an engine for a dry run: fed like any proxier, it
+// computes what the backend named name would be asked to program
+// ([Engine.Plan]) and programs nothing, whether it runs or not. It opens
+// no health check server and cleans no conntrack entry.
+func NewPlanner(cfg Config, name string) (*Engine, error) {
+	cfg.NoServiceHealthChecks = true
+	cfg.NoConntrackCleanup = true
+	return NewPerFamily(cfg, func(f model.IPFamily) (Backend, error) { return planBackend{name: name, family: f}, nil })
+}
+
+// WriteText writes the report for people: per family, each service port
+// with its policies, then its frontends, each with its endpoints and,
+// when the kernel was read and differs, what differs.
+func (r *Report) WriteText(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "backend %s\n", r.Backend)
+	for _, fr := range r.Families {
+		fmt.Fprintf(bw, "\n%s: %d service ports\n", fr.Family, len(fr.Services))
+		if fr.Error != "" {
+			fmt.Fprintf(bw, "  not read from the kernel: %s\n", fr.Error)
+		}
+		for _, sr := range fr.Services {
+			fmt.Fprintf(bw, "  %s", sr.Service)
+			if sr.InternalPolicy != "" {
+				fmt.Fprintf(bw, "  internal=%s", sr.InternalPolicy)
+			}
+			if sr.ExternalPolicy != "" {
+				fmt.Fprintf(bw, " external=%s", sr.ExternalPolicy)
+			}
+			if sr.Affinity != "" {
+				fmt.Fprintf(bw, " affinity=%s", sr.Affinity)
+			}
+			bw.WriteString("\n")
+			if sr.Error != "" {
+				fmt.Fprintf(bw, "    ERROR %s\n", sr.Error)
+			}
+			for _, f := range sr.Frontends {
+				fmt.Fprintf(bw, "    %-12s %s\n", f.Kind, frontendText(f.Want))
+				if f.Diff != "" {
+					fmt.Fprintf(bw, "    %-12s DIFFERS: %s\n", "", f.Diff)
+					for _, g := range f.Got {
+						fmt.Fprintf(bw, "    %-12s kernel: %s\n", "", frontendText(g))
+					}
+				}
+			}
+		}
+		if len(fr.Unclaimed) > 0 {
+			fmt.Fprintf(bw, "  in the kernel, claimed by no service port:\n")
+			for _, u := range fr.Unclaimed {
+				fmt.Fprintf(bw, "    %s\n", frontendText(u))
+			}
+		}
+	}
+	return bw.Flush()
+}
+
+// frontendText is one line: the frontend, its source ranges, its
+// endpoints, those only some sources reach, and the verdict.
+func frontendText(f FrontendJSON) string {
+	parts := []string{f.Frontend}
+	if len(f.SourceRanges) > 0 {
+		parts = append(parts, "from "+strings.Join(f.SourceRanges, ","))
+	}
+	if f.Affinity {
+		parts = append(parts, "sticky")
+	}
+	parts = append(parts, "->")
+	parts = append(parts, f.Endpoints...)
+	if len(f.SomeSources) > 0 {
+		parts = append(parts, "some sources: "+strings.Join(f.SomeSources, " "))
+	}
+	switch {
+	case f.Verdict != "" && len(parts) > 0 && parts[len(parts)-1] == "->":
+		parts = append(parts, f.Verdict)
+	case f.Verdict != "":
+		parts = append(parts, f.Verdict+" (other sources)")
+	case parts[len(parts)-1] == "->":
+		parts = append(parts, "(nothing)")
+	}
+	if f.Detail != "" {
+		parts = append(parts, " ["+f.Detail+"]")
+	}
+	return strings.Join(parts, " ")
 }

@@ -9,12 +9,6 @@ import (
 	"github.com/proxykit/proxykit/proxier"
 )
 
-// inspectable is a Proxier that reads back what it programmed: the
-// engine of [proxier.New].
-type inspectable interface {
-	Inspect(ctx context.Context) (*proxier.Report, error)
-}
-
 // checkInspected checks, when the proxier can read back what it
 // programmed, that the kernel holds every frontend of the desired state as
 // it should ([proxier.Frontend.Diff]) and none that nothing asks for.
@@ -22,7 +16,7 @@ type inspectable interface {
 // A backend without [proxier.Inspector] is not checked.
 func (e *env) checkInspected(in *instance) {
 	e.t.Helper()
-	p, ok := in.p.(inspectable)
+	p, ok := in.p.(proxier.Reporter)
 	if !ok {
 		return
 	}
