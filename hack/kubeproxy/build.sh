@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Builds kube-proxy-oracle: the pinned upstream kube-proxy's proxiers
-# (k8s.io/kubernetes pkg/proxy/nftables and pkg/proxy/iptables, at the
-# version in hack/kubeproxy/oracle/go.mod) behind a line protocol on stdin
-# and stdout, so that tests can program a network namespace exactly as
-# kube-proxy does (see hack/kubeproxy/oracle/main.go and internal/kubeproxy).
-# The binary goes into a cache directory outside the repository and is
-# reused when it is already there; internal/kubeproxy finds it by the same
-# rules.
+# Builds the two kube-proxy programs of the tests, at the pinned
+# k8s.io/kubernetes version:
+#   - kube-proxy-oracle: the upstream kube-proxy's proxiers
+#     (pkg/proxy/nftables and pkg/proxy/iptables, at the version in
+#     hack/kubeproxy/oracle/go.mod) behind a line protocol on stdin and
+#     stdout, so that tests can program a network namespace exactly as
+#     kube-proxy does (see hack/kubeproxy/oracle/main.go and
+#     internal/kubeproxy);
+#   - kube-proxy: the real upstream binary (cmd/kube-proxy, at the version
+#     in hack/kubeproxy/kube-proxy/go.mod), which e2e's
+#     TestKubeProxySideBySide runs next to examples/proxy.
+# The binaries go into a cache directory outside the repository and are
+# reused when they are already there; internal/kubeproxy and e2e find them
+# by the same rules.
 #
 # Usage: hack/kubeproxy/build.sh [--force]
 #   PROXYKIT_CACHE   cache directory (default /var/cache/proxykit)
 #
 # A cold build takes a few minutes on 2 cores (far less when
 # hack/testcluster/build.sh has warmed the Go build cache). It prints the
-# path the tests use.
+# paths the tests use.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,6 +31,7 @@ log() { echo "hack/kubeproxy/build.sh: $*" >&2; }
 # shellcheck source=../lib/k8sbuild.sh
 . "$here/../lib/k8sbuild.sh"
 
+# kube-proxy-oracle ---------------------------------------------------------
 src="$here/oracle"
 version="$(k8s_version "$src")"
 # The binary's name carries a digest of the oracle's sources, so a changed
@@ -38,4 +45,15 @@ if [ "$force" -eq 1 ] || [ ! -x "$out" ]; then
 	k8s_build "$src" "$version" "$out"
 fi
 
+# kube-proxy ----------------------------------------------------------------
+# Its main.go is upstream's, unchanged: the version names the binary.
+src="$here/kube-proxy"
+kp_version="$(k8s_version "$src")"
+kp_out="$cache/kube-proxy-$kp_version"
+if [ "$force" -eq 1 ] || [ ! -x "$kp_out" ]; then
+	log "building kube-proxy $kp_version into $kp_out"
+	k8s_build "$src" "$kp_version" "$kp_out"
+fi
+
 echo "kube-proxy-oracle=$out"
+echo "kube-proxy=$kp_out"
