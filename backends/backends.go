@@ -10,6 +10,7 @@ import (
 	"github.com/proxykit/proxykit/backends/iptables"
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
+	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
 
@@ -72,6 +73,9 @@ type entry struct {
 	new func(cfg Config) (proxier.Proxier, error)
 	// cleanup removes what the backend's proxiers left, without one.
 	cleanup func(ctx context.Context, cfg Config) error
+	// inspect reads back what the backend programmed in one family,
+	// without a proxier; nil while the backend cannot.
+	inspect func(ctx context.Context, cfg Config, f model.IPFamily) ([]proxier.Frontend, error)
 }
 
 // registry lists the backends, sorted by name.
@@ -103,6 +107,9 @@ func registry() []entry {
 			name:    "nftables",
 			new:     func(cfg Config) (proxier.Proxier, error) { return nftables.New(cfg.nftables()) },
 			cleanup: func(ctx context.Context, cfg Config) error { return nftables.Cleanup(ctx, cfg.nftables()) },
+			inspect: func(ctx context.Context, cfg Config, f model.IPFamily) ([]proxier.Frontend, error) {
+				return nftables.Inspect(ctx, cfg.nftables(), f)
+			},
 		},
 	}
 }
@@ -127,6 +134,37 @@ func New(name string, cfg Config) (proxier.Proxier, error) {
 		if e.name == name {
 			return e.new(cfg)
 		}
+	}
+	return nil, fmt.Errorf("unknown backend %q (have: %s)", name, strings.Join(Names(), ", "))
+}
+
+// Inspect reads back from the kernel, without a proxier, what the named
+// backend programmed in the namespace cfg names, per family of
+// cfg.Families (both when empty), with the names of the backend's
+// section of cfg (defaults when unset). A family the backend has
+// programmed nothing in has no frontends. Unlike [proxier.Engine.Inspect]
+// it knows no desired state: it cannot name the service ports.
+func Inspect(ctx context.Context, name string, cfg Config) (map[model.IPFamily][]proxier.Frontend, error) {
+	for _, e := range registry() {
+		if e.name != name {
+			continue
+		}
+		if e.inspect == nil {
+			return nil, fmt.Errorf("backends: %s cannot read back what it programmed yet", name)
+		}
+		fams := cfg.Families
+		if len(fams) == 0 {
+			fams = []model.IPFamily{model.IPv4, model.IPv6}
+		}
+		out := map[model.IPFamily][]proxier.Frontend{}
+		for _, f := range fams {
+			fs, err := e.inspect(ctx, cfg, f)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", name, f, err)
+			}
+			out[f] = fs
+		}
+		return out, nil
 	}
 	return nil, fmt.Errorf("unknown backend %q (have: %s)", name, strings.Join(Names(), ", "))
 }

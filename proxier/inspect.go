@@ -595,11 +595,11 @@ func (r *Report) WriteText(w io.Writer) error {
 				fmt.Fprintf(bw, "    ERROR %s\n", sr.Error)
 			}
 			for _, f := range sr.Frontends {
-				fmt.Fprintf(bw, "    %-12s %s\n", f.Kind, frontendText(f.Want))
+				fmt.Fprintf(bw, "    %-12s %s\n", f.Kind, f.Want)
 				if f.Diff != "" {
 					fmt.Fprintf(bw, "    %-12s DIFFERS: %s\n", "", f.Diff)
 					for _, g := range f.Got {
-						fmt.Fprintf(bw, "    %-12s kernel: %s\n", "", frontendText(g))
+						fmt.Fprintf(bw, "    %-12s kernel: %s\n", "", g)
 					}
 				}
 			}
@@ -607,16 +607,17 @@ func (r *Report) WriteText(w io.Writer) error {
 		if len(fr.Unclaimed) > 0 {
 			fmt.Fprintf(bw, "  in the kernel, claimed by no service port:\n")
 			for _, u := range fr.Unclaimed {
-				fmt.Fprintf(bw, "    %s\n", frontendText(u))
+				fmt.Fprintf(bw, "    %s\n", u)
 			}
 		}
 	}
 	return bw.Flush()
 }
 
-// frontendText is one line: the frontend, its source ranges, its
-// endpoints, those only some sources reach, and the verdict.
-func frontendText(f FrontendJSON) string {
+// String returns the frontend in one line: its key, source ranges and
+// affinity, then its endpoints, those only some sources reach, the
+// verdict and the detail.
+func (f FrontendJSON) String() string {
 	parts := []string{f.Frontend}
 	if len(f.SourceRanges) > 0 {
 		parts = append(parts, "from "+strings.Join(f.SourceRanges, ","))

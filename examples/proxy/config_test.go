@@ -384,7 +384,7 @@ func TestMetricsServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := metricsHandler(prometheus.NewRegistry(), string(s.cfg.Mode), configz, false, s.level)
+	h := metricsHandler(prometheus.NewRegistry(), string(s.cfg.Mode), configz, false, s.level, nil)
 	serve := func(h http.Handler, method, path, body string) *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(body)))
@@ -409,7 +409,7 @@ func TestMetricsServer(t *testing.T) {
 	if w := serve(h, "GET", "/debug/pprof/", ""); w.Code != http.StatusNotFound {
 		t.Errorf("/debug/pprof/ without --profiling: %d", w.Code)
 	}
-	h = metricsHandler(prometheus.NewRegistry(), "nftables", configz, true, s.level)
+	h = metricsHandler(prometheus.NewRegistry(), "nftables", configz, true, s.level, nil)
 	if w := serve(h, "GET", "/debug/pprof/", ""); w.Code != 200 {
 		t.Errorf("/debug/pprof/ with --profiling: %d", w.Code)
 	}

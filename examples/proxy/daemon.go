@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +16,7 @@ import (
 	"github.com/proxykit/proxykit/backends"
 	"github.com/proxykit/proxykit/internal/nodesetup"
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/proxier/informer"
 )
 
@@ -26,6 +29,8 @@ type daemon struct {
 	s        *settings
 	client   kubernetes.Interface
 	nodeName string
+	// stdout receives the report of --dry-run.
+	stdout io.Writer
 
 	// ready, when not nil, is closed once the servers listen and the
 	// proxier runs; metricsAddr and healthzAddr are then set (nil while
@@ -64,6 +69,9 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		return err
 	}
 	cfg.NodeName = d.nodeName
+	if s.ext.dryRun {
+		return d.dryRun(ctx, cfg)
+	}
 
 	if d.changes, err = nodesetup.Apply(ctx, s.nodeSetupConfig(cfg)); err != nil {
 		return fmt.Errorf("could not set up the node from the kube-proxy configuration: %w", err)
@@ -147,7 +155,7 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		}
 	}
 	if c.MetricsBindAddress != "" {
-		srv := &server{what: serverMetrics, addr: c.MetricsBindAddress, handler: metricsHandler(reg, string(c.Mode), configz, c.EnableProfiling, s.level)}
+		srv := &server{what: serverMetrics, addr: c.MetricsBindAddress, handler: metricsHandler(reg, string(c.Mode), configz, c.EnableProfiling, s.level, reporter(p))}
 		if d.metricsAddr, err = startServer(srv); err != nil {
 			return err
 		}
@@ -207,6 +215,14 @@ func (d *daemon) run(ctx context.Context) (err error) {
 	}
 	log.Info("proxy stopped; the dataplane stays in place")
 	return err
+}
+
+// reporter returns /debug/services for p, or nil when p cannot report.
+func reporter(p proxier.Proxier) http.Handler {
+	if rep, ok := p.(proxier.Reporter); ok {
+		return debugServicesHandler(rep)
+	}
+	return nil
 }
 
 // nodeSetupConfig is what nodesetup applies for the configuration: the

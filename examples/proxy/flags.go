@@ -56,6 +56,7 @@ type extOptions struct {
 	ebpfAllNetNS   bool
 	ebpfPinPath    string
 	ebpfSocketOnly bool
+	dryRun         bool
 }
 
 // boundToConfig are the flags kube-proxy binds to its configuration (or
@@ -173,6 +174,7 @@ func newFlagSet(o *options, out io.Writer) *pflag.FlagSet {
 	fs.StringVar(&o.ext.ebpfCgroup, "ebpf-cgroup", "/sys/fs/cgroup", "proxykit, ebpf: the cgroup v2 directory whose processes' sockets are translated")
 	fs.BoolVar(&o.ext.ebpfAllNetNS, "ebpf-all-netns", true, "proxykit, ebpf: translate the sockets of every network namespace under --ebpf-cgroup (the pods'), not only the node's")
 	fs.StringVar(&o.ext.ebpfPinPath, "ebpf-pin-path", "", "proxykit, ebpf: a directory on a bpffs where maps and links are pinned, so that a restart adopts them and --cleanup finds them; empty: nothing pinned")
+	fs.BoolVar(&o.ext.dryRun, "dry-run", false, "proxykit: print the node settings the configuration would change and what the mode's backend would program once the initial Services and EndpointSlices arrive, then exit; change nothing")
 	fs.BoolVar(&o.ext.ebpfSocketOnly, "ebpf-socket-only", false, "proxykit, ebpf: only the socket programs, without the nftables table for traffic from outside the node")
 	return fs
 }

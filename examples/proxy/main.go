@@ -47,6 +47,9 @@ type clientFunc func(s *settings) (kubernetes.Interface, error)
 // the file's content ends the run with an error, as kube-proxy exits for
 // its supervisor to restart it with the new file.
 func command(ctx context.Context, args []string, stdout, stderr io.Writer, client clientFunc) error {
+	if len(args) > 0 && args[0] == "inspect" {
+		return runInspect(ctx, args[1:], stdout, stderr)
+	}
 	s, err := resolve(args, stderr)
 	if err != nil {
 		return err
@@ -100,7 +103,7 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer, clien
 	if s.configFile != "" && !s.initOnly {
 		go watchConfigFile(ctx, s.configFile, cancel, log)
 	}
-	d := &daemon{s: s, client: c, nodeName: nodeName}
+	d := &daemon{s: s, client: c, nodeName: nodeName, stdout: stdout}
 	err = d.run(ctx)
 	if cause := context.Cause(ctx); errors.Is(cause, errConfigChanged) {
 		err = errors.Join(err, cause)

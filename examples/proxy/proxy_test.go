@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/proxykit/proxykit/backends"
+	"github.com/proxykit/proxykit/proxier"
 	"github.com/proxykit/proxykit/sandbox"
 )
 
@@ -197,6 +199,8 @@ iptables:
 	}
 	answeredBy(t, &tp.Node1.Host, vip, p2.Name)
 
+	checkDebugServices(t, backend, "http://"+d.metricsAddr.String(), p2.IPv4.String()+":8080")
+
 	for _, path := range []string{"/healthz", "/livez"} {
 		code, body := get(t, "http://"+d.healthzAddr.String()+path)
 		if code != http.StatusOK || !strings.Contains(body, "lastUpdated") {
@@ -226,8 +230,16 @@ iptables:
 	case <-time.After(15 * time.Second):
 		t.Fatal("run did not return")
 	}
-	// A stopped proxy leaves the dataplane for its successor.
+	// A stopped proxy leaves the dataplane for its successor, and
+	// inspect --kernel reads it without the proxy.
 	answeredBy(t, &tp.Node1.Host, vip, p2.Name)
+	var out strings.Builder
+	if err := command(t.Context(), append([]string{"inspect", "--kernel"}, args...), &out, testLog{t}, nil); err != nil {
+		t.Fatalf("inspect --kernel: %v", err)
+	}
+	if want := "10.96.0.10 tcp/80 -> " + p2.IPv4.String() + ":8080"; !strings.Contains(out.String(), want) {
+		t.Errorf("inspect --kernel lacks %q:\n%s", want, out.String())
+	}
 
 	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer ccancel()
@@ -241,6 +253,101 @@ iptables:
 		if es, err := os.ReadDir(pin); err != nil || len(es) > 2 { // maps.debug, progs.debug
 			t.Errorf("after --cleanup the pin path holds %v (%v)", es, err)
 		}
+	}
+}
+
+// checkDebugServices checks /debug/services of the metrics server at
+// base, and the inspect subcommand asking it: the web service's cluster
+// IP reaches ep alone, read back from the kernel without differences.
+func checkDebugServices(t *testing.T, backend, base, ep string) {
+	t.Helper()
+	code, text := get(t, base+"/debug/services")
+	want := "ClusterIP    10.96.0.10 tcp/80 -> " + ep
+	if code != http.StatusOK || !strings.Contains(text, "demo/web:http/TCP") || !strings.Contains(text, want) || strings.Contains(text, "DIFFERS") {
+		t.Errorf("/debug/services: %d, want %q and no difference:\n%s", code, want, text)
+	}
+	code, body := get(t, base+"/debug/services?format=json")
+	var r proxier.Report
+	if err := json.Unmarshal([]byte(body), &r); code != http.StatusOK || err != nil || r.Backend != backend || len(r.Families) != 2 {
+		t.Fatalf("/debug/services?format=json: %d %v %+v", code, err, r)
+	}
+	for _, fr := range r.Families {
+		if fr.Error != "" {
+			t.Errorf("%s: %s", fr.Family, fr.Error)
+		}
+		for _, sr := range fr.Services {
+			for _, f := range sr.Frontends {
+				if !f.Read || f.Diff != "" {
+					t.Errorf("%s %s %s: read %t, diff %q", fr.Family, sr.Service, f.Kind, f.Read, f.Diff)
+				}
+			}
+		}
+	}
+	var out strings.Builder
+	if err := command(t.Context(), []string{"inspect", "--server", base}, &out, testLog{t}, nil); err != nil || out.String() != text {
+		t.Errorf("inspect --server: %v\n%s\nwant\n%s", err, out.String(), text)
+	}
+	code, plan := get(t, base+"/debug/services?plan=true")
+	if code != http.StatusOK || !strings.Contains(plan, want) {
+		t.Errorf("/debug/services?plan=true: %d\n%s", code, plan)
+	}
+}
+
+// TestDryRun checks that --dry-run prints the node settings and what the
+// backend would program for the objects of the API server, and changes
+// neither: no table, no sysctl.
+func TestDryRun(t *testing.T) {
+	sandbox.RequirePrivilege(t)
+	tp, err := sandbox.New(t.Context(), sandbox.Options{Node1Pods: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tp.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	p1 := tp.Node1.Pods[0]
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: tp.Node1.Name}, Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+		{Type: v1.NodeInternalIP, Address: tp.Node1.ExternalIPv4.String()},
+	}}}
+	client := fake.NewClientset(node, webService(), webSlice(p1))
+	file := writeConfigFile(t, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 2h
+`)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	before, err := tp.Node1.Exec(ctx, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = command(ctx, []string{"--dry-run", "--config", file, "--hostname-override", tp.Node1.Name, "--netns", tp.Node1.NetNSPath()},
+		&out, testLog{t}, func(*settings) (kubernetes.Interface, error) { return client, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"net/netfilter/nf_conntrack_tcp_timeout_established: " + strings.TrimSpace(before) + " -> 7200",
+		"backend nftables",
+		"demo/web:http/TCP  internal=Cluster external=Cluster",
+		"ClusterIP    10.96.0.10 tcp/80 -> " + p1.IPv4.String() + ":8080",
+		"NodePort     node-ports tcp/30080 -> " + p1.IPv4.String() + ":8080",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--dry-run output lacks %q:\n%s", want, out.String())
+		}
+	}
+	after, err := tp.Node1.Exec(ctx, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established")
+	if err != nil || after != before {
+		t.Errorf("--dry-run changed nf_conntrack_tcp_timeout_established: %q -> %q (%v)", before, after, err)
+	}
+	if rules, err := tp.Node1.Exec(ctx, "nft", "list", "ruleset"); err != nil || strings.TrimSpace(rules) != "" {
+		t.Errorf("--dry-run programmed node1 (%v):\n%s", err, rules)
 	}
 }
 

@@ -175,10 +175,14 @@ func familyName(f model.IPFamily) string {
 
 // metricsHandler serves kube-proxy's metrics server: /metrics, /healthz
 // and /healthz/ping (the API server's healthz with the ping check only:
-// always "ok"), /proxyMode, /configz, and with profiling /debug/pprof/
-// and /debug/flags/v (PUT a verbosity).
-func metricsHandler(reg *prometheus.Registry, mode string, configz []byte, profiling bool, level *slog.LevelVar) http.Handler {
+// always "ok"), /proxyMode, /configz, with profiling /debug/pprof/ and
+// /debug/flags/v (PUT a verbosity), and proxykit's /debug/services
+// (services, when not nil).
+func metricsHandler(reg *prometheus.Registry, mode string, configz []byte, profiling bool, level *slog.LevelVar, services http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if services != nil {
+		mux.Handle("/debug/services", services)
+	}
 	plain := func(w http.ResponseWriter, code int, body string) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
