@@ -90,11 +90,17 @@ func registry() []entry {
 				return ebpf.New(cfg.ebpf())
 			},
 			cleanup: func(ctx context.Context, cfg Config) error { return ebpf.Cleanup(ctx, cfg.ebpf()) },
+			inspect: func(ctx context.Context, cfg Config, f model.IPFamily) ([]proxier.Frontend, error) {
+				return ebpf.Inspect(ctx, cfg.ebpf(), f)
+			},
 		},
 		{
 			name:    "iptables",
 			new:     func(cfg Config) (proxier.Proxier, error) { return iptables.New(cfg.iptables()) },
 			cleanup: func(ctx context.Context, cfg Config) error { return iptables.Cleanup(ctx, cfg.iptables()) },
+			inspect: func(ctx context.Context, cfg Config, f model.IPFamily) ([]proxier.Frontend, error) {
+				return iptables.Inspect(ctx, cfg.iptables(), f)
+			},
 		},
 		{
 			// Fails with an error matching proxier.ErrNotSupported on a
