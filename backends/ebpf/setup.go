@@ -107,6 +107,23 @@ type Config struct {
 	// TableName names the nftables table of the north-south rules.
 	// Empty means [DefaultTableName].
 	TableName string
+	// NorthSouth chooses what serves traffic from outside the node
+	// (node ports, external and load-balancer IPs): [NorthSouthNFTables]
+	// (empty: the composed nftables table) or [NorthSouthTC] (tc
+	// programs, no netfilter rule; see tc.go). Ignored with SocketOnly
+	// unless it is [NorthSouthTC], which SocketOnly contradicts.
+	NorthSouth NorthSouth
+	// NorthSouthDevices names the node's external interfaces, where
+	// the tc programs serve frontends with [NorthSouthTC]. Empty means
+	// every Ethernet interface of NetNS holding a global address with a
+	// prefix shorter than a host route. Every other Ethernet interface
+	// (the node side of pod veths) gets the program that translates
+	// replies only.
+	NorthSouthDevices []string
+	// tcLegacy attaches the tc programs with a clsact qdisc and a
+	// cls_bpf filter even where the kernel has tcx (6.6+): tests cover
+	// both paths with it.
+	tcLegacy bool
 
 	// MaxServices bounds the frontends (cluster IP, node port, external
 	// and load-balancer IP, each per port) per family. Zero means
@@ -202,6 +219,9 @@ func (c *Config) check() error {
 	if _, err := proxier.ResolveScheduler("ebpf", c.Scheduler, Schedulers()); err != nil {
 		return err
 	}
+	if err := c.checkNorthSouth(); err != nil { // north-south at tc (tc.go)
+		return err
+	}
 	return checkMaglevTableSize(c.MaglevTableSize)
 }
 
@@ -238,10 +258,16 @@ func NewProxier(cfg Config) (*Proxier, error) {
 	if err != nil {
 		return nil, err
 	}
+	tcp, err := newTCPlaneFor(cfg, dp) // nil unless NorthSouth is tc
+	if err != nil {
+		dp.release()
+		return nil, err
+	}
 	e, err := proxier.NewPerFamily(cfg.Config, func(f model.IPFamily) (proxier.Backend, error) {
-		return newBackend(cfg, f, dp)
+		return newBackendTC(cfg, f, dp, tcp)
 	})
 	dp.release() // the backends hold it now, or none was built
+	tcp.release()
 	if err != nil {
 		return nil, err
 	}
@@ -282,11 +308,34 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := newBackend(cfg, family, dp)
+	tcp, err := newTCPlaneFor(cfg, dp) // nil unless NorthSouth is tc
+	if err != nil {
+		dp.release()
+		return nil, err
+	}
+	b, err := newBackendTC(cfg, family, dp, tcp)
 	dp.release()
+	tcp.release()
 	if err != nil {
 		return nil, err
 	}
+	return b, nil
+}
+
+// newBackendTC is newBackend that, with NorthSouth tc, drives the tc
+// plane tcp (shared by the family backends) instead of the nftables
+// backend, in the place of the composed table.
+func newBackendTC(cfg Config, family model.IPFamily, dp *dataplane, tcp *tcPlane) (*backend, error) {
+	if tcp == nil {
+		return newBackend(cfg, family, dp)
+	}
+	cfg.SocketOnly = true // no nftables table
+	b, err := newBackend(cfg, family, dp)
+	if err != nil {
+		return nil, err
+	}
+	b.cfg.SocketOnly = false
+	b.nft = newTCBackend(tcp, family, b.log)
 	return b, nil
 }
 

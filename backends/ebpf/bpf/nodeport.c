@@ -1,0 +1,622 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * North-south service load balancing at tc, without netfilter: packets
+ * from outside the node to a node port (on a node address), an external
+ * IP or a load-balancer IP are translated to an endpoint (DNAT; for a
+ * remote endpoint with externalTrafficPolicy Cluster also SNAT to the
+ * node's address toward it), tracked in LRU maps, and forwarded with
+ * bpf_fib_lookup and bpf_redirect/bpf_redirect_neigh; replies are
+ * translated back at the ingress of the interface they arrive on.
+ *
+ * pk_tc_ext runs at the ingress of the node's external interfaces: it
+ * translates replies and new and tracked flows to frontends.
+ * pk_tc_pod runs at the ingress of every other interface (the node
+ * side of pod veths): it translates replies only.
+ *
+ * Both families share the maps; IPv4 addresses are IPv4-mapped in the
+ * 16-byte fields. Only TCP and UDP, IPv4 without fragments and IPv6
+ * without extension headers, behind an Ethernet header, are handled;
+ * every other packet goes on untouched (TC_ACT_UNSPEC: the next
+ * program, or the stack).
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+
+/* The first and last source port of SNATed flows (load-time
+ * constants): outside Linux's default ephemeral range (32768-60999), so
+ * that the node's own connections do not collide with them. */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
+
+/* How many random SNAT ports a new flow tries before it is dropped. */
+#define SNAT_TRIES 16
+
+/* A frontend of traffic from outside: an address (the unspecified
+ * address of the family, ::ffff:0.0.0.0 or ::, for a node port on
+ * every node address), a port and a protocol. */
+struct nsfe_key {
+	__be32 addr[4];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* The frontend's endpoints have none on this node although the service
+ * has some elsewhere (externalTrafficPolicy Local): drop. Without it,
+ * count 0 means no endpoint at all (also dropped for now). */
+#define NSFE_DROP 1
+/* externalTrafficPolicy Local: never SNAT, the endpoint sees the
+ * client. */
+#define NSFE_LOCAL 2
+
+struct nsfe_val {
+	__u32 id;    /* endpoint group: key of pk_nsbe */
+	__u32 count; /* endpoints in slots 0..count-1 */
+	__u32 flags; /* NSFE_* */
+};
+
+struct nsbe_key {
+	__u32 id;
+	__u32 slot;
+};
+
+/* The endpoint runs on this node: no SNAT. */
+#define NSBE_LOCAL 1
+
+struct nsbe_val {
+	__be32 addr[4];
+	__be16 port;
+	__u16 flags; /* NSBE_* */
+};
+
+/* A connection tuple as it is on the wire. */
+struct tuple {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* The rewrite of a tracked packet: its new source and destination. */
+struct nat {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u32 pad;
+};
+
+/* An interface's address of a family, the source of SNATed packets
+ * leaving through it. */
+struct ifaddr_key {
+	__u32 ifindex;
+	__u32 family; /* AF_INET or AF_INET6 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsfe_key);
+	__type(value, struct nsfe_val);
+	__uint(max_entries, 65536); /* Config.MaxServices */
+} pk_nsfe SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsbe_key);
+	__type(value, struct nsbe_val);
+	__uint(max_entries, 262144); /* Config.MaxBackends */
+} pk_nsbe SEC(".maps");
+
+/* Connection tracking: the tuple of a flow from outside, as it
+ * arrives, -> its rewrite. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tuple);
+	__type(value, struct nat);
+	__uint(max_entries, 65536); /* Config.MaxSockets */
+} pk_nsct SEC(".maps");
+
+/* Reverse NAT: the tuple of a reply, as the endpoint sends it, -> its
+ * rewrite back to the frontend and the client. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tuple);
+	__type(value, struct nat);
+	__uint(max_entries, 65536); /* Config.MaxSockets */
+} pk_nsrev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ifaddr_key);
+	__type(value, __be32[4]);
+	__uint(max_entries, 1024);
+} pk_ifaddr SEC(".maps");
+
+/* The node's addresses node ports open on: the socket programs' maps
+ * (bpf/sock.c), shared. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} pk_node4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsfe_key); /* port, proto and pad are 0 */
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} pk_node6 SEC(".maps");
+
+struct iphdr4 {
+	__u8 ver_ihl;
+	__u8 tos;
+	__be16 tot_len;
+	__be16 id;
+	__be16 frag_off;
+	__u8 ttl;
+	__u8 proto;
+	__sum16 check;
+	__be32 saddr;
+	__be32 daddr;
+};
+
+struct iphdr6 {
+	__be32 ver_tc_flow;
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+/* A parsed packet: its tuple and where its fields are. */
+struct pkt {
+	struct tuple t;
+	__u32 l4off;   /* offset of the TCP or UDP header */
+	__u32 csumoff; /* offset of the L4 checksum */
+	__u8 v6;
+	__u8 ttl;
+	__u8 tos;
+	__u8 pad;
+	__be32 flow; /* IPv6 flow info */
+	__u16 len;   /* length from the IP header on */
+};
+
+static __always_inline void set_mapped(__be32 a[4], __be32 v4)
+{
+	a[0] = 0;
+	a[1] = 0;
+	a[2] = bpf_htonl(0xffff);
+	a[3] = v4;
+}
+
+static __always_inline void copy16(__be32 d[4], const __be32 s[4])
+{
+	d[0] = s[0];
+	d[1] = s[1];
+	d[2] = s[2];
+	d[3] = s[3];
+}
+
+static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u8 proto)
+{
+	__be16 ports[2];
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
+		return -1;
+	p->t.proto = proto;
+	p->t.sport = ports[0];
+	p->t.dport = ports[1];
+	p->csumoff = p->l4off + (proto == IPPROTO_TCP ? 16 : 6);
+	return 0;
+}
+
+/* parse fills p from skb; -1 for a packet the programs leave alone. */
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr4 h;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &h, sizeof(h)))
+			return -1;
+		if ((h.ver_ihl >> 4) != 4 || (h.ver_ihl & 0xf) < 5)
+			return -1;
+		if (h.frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return -1;
+		p->v6 = 0;
+		p->ttl = h.ttl;
+		p->tos = h.tos;
+		p->len = bpf_ntohs(h.tot_len);
+		set_mapped(p->t.saddr, h.saddr);
+		set_mapped(p->t.daddr, h.daddr);
+		p->l4off = ETH_HLEN + (h.ver_ihl & 0xf) * 4;
+		return parse_l4(skb, p, h.proto);
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct iphdr6 h;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &h, sizeof(h)))
+			return -1;
+		if ((bpf_ntohl(h.ver_tc_flow) >> 28) != 6)
+			return -1;
+		p->v6 = 1;
+		p->ttl = h.hop_limit;
+		p->flow = h.ver_tc_flow & bpf_htonl(0x0fffffff);
+		p->len = bpf_ntohs(h.payload_len) + sizeof(h);
+		copy16(p->t.saddr, h.saddr);
+		copy16(p->t.daddr, h.daddr);
+		p->l4off = ETH_HLEN + sizeof(h);
+		return parse_l4(skb, p, h.nexthdr);
+	}
+	return -1;
+}
+
+static __always_inline int same16(const __be32 a[4], const __be32 b[4])
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* rewrite_addr replaces the address at off (the source or destination
+ * of the IP header) and fixes the IPv4 header checksum and the L4
+ * checksum (whose pseudo-header covers it). */
+static __always_inline int rewrite_addr(struct __sk_buff *skb, const struct pkt *p, __u32 off, const __be32 old[4],
+					const __be32 new[4])
+{
+	__u64 flags = BPF_F_PSEUDO_HDR;
+	__be32 o[4], n[4];
+	__s64 diff;
+
+	if (p->t.proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	copy16(o, old);
+	copy16(n, new);
+	if (!p->v6) {
+		diff = bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
+		if (diff < 0)
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, 0, diff, 0))
+			return -1;
+		if (bpf_l4_csum_replace(skb, p->csumoff, 0, diff, flags))
+			return -1;
+		return bpf_skb_store_bytes(skb, off, &n[3], 4, 0);
+	}
+	diff = bpf_csum_diff(o, 16, n, 16, 0);
+	if (diff < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, p->csumoff, 0, diff, flags))
+		return -1;
+	return bpf_skb_store_bytes(skb, off, n, 16, 0);
+}
+
+/* rewrite_port replaces the L4 port at off and fixes the L4 checksum. */
+static __always_inline int rewrite_port(struct __sk_buff *skb, const struct pkt *p, __u32 off, __be16 old, __be16 new)
+{
+	__u64 flags = sizeof(new);
+
+	if (p->t.proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	if (bpf_l4_csum_replace(skb, p->csumoff, old, new, flags))
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+/* rewrite makes the packet's addresses and ports those of n. */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
+{
+	__u32 saddr = p->v6 ? ETH_HLEN + 8 : ETH_HLEN + 12;
+	__u32 daddr = p->v6 ? ETH_HLEN + 24 : ETH_HLEN + 16;
+
+	if (!same16(p->t.saddr, n->saddr) && rewrite_addr(skb, p, saddr, p->t.saddr, n->saddr))
+		return -1;
+	if (!same16(p->t.daddr, n->daddr) && rewrite_addr(skb, p, daddr, p->t.daddr, n->daddr))
+		return -1;
+	if (p->t.sport != n->sport && rewrite_port(skb, p, p->l4off, p->t.sport, n->sport))
+		return -1;
+	if (p->t.dport != n->dport && rewrite_port(skb, p, p->l4off + 2, p->t.dport, n->dport))
+		return -1;
+	return 0;
+}
+
+/* dec_ttl decrements the IPv4 TTL or the IPv6 hop limit of a packet
+ * forwarded by the program (the stack does not see it). */
+static __always_inline int dec_ttl(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u8 ttl = p->ttl - 1;
+
+	if (p->v6)
+		return bpf_skb_store_bytes(skb, ETH_HLEN + 7, &ttl, 1, 0);
+	/* The TTL is the high byte of the 16-bit word it shares with the
+	 * protocol. */
+	__be16 old = bpf_htons((__u16)p->ttl << 8 | p->t.proto);
+	__be16 new = bpf_htons((__u16)ttl << 8 | p->t.proto);
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + 10, old, new, sizeof(new)))
+		return -1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN + 8, &ttl, 1, 0);
+}
+
+/* fib looks up the route of a packet from src to dst (ports and
+ * protocol of p) arriving on the skb's interface. */
+static __always_inline long fib(struct __sk_buff *skb, const struct pkt *p, const __be32 src[4], const __be32 dst[4],
+				struct bpf_fib_lookup *f)
+{
+	__builtin_memset(f, 0, sizeof(*f));
+	f->ifindex = skb->ingress_ifindex;
+	f->l4_protocol = p->t.proto;
+	f->tot_len = p->len;
+	if (p->v6) {
+		f->family = AF_INET6;
+		f->flowinfo = p->flow;
+		copy16(f->ipv6_src, src);
+		copy16(f->ipv6_dst, dst);
+	} else {
+		f->family = AF_INET;
+		f->tos = p->tos;
+		f->ipv4_src = src[3];
+		f->ipv4_dst = dst[3];
+	}
+	return bpf_fib_lookup(skb, f, sizeof(*f), 0);
+}
+
+/* forward sends a translated packet (whose tuple was p's, now n's)
+ * out of the interface its route names: with the neighbour's address
+ * when the kernel knows it, else resolving it (bpf_redirect_neigh).
+ * Anything else (a local destination, no route, a TTL about to
+ * expire) goes to the stack, which forwards or answers it. */
+static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
+{
+	struct bpf_fib_lookup f;
+	long rc;
+
+	if (p->ttl <= 1)
+		return TC_ACT_OK;
+	rc = fib(skb, p, n->saddr, n->daddr, &f);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (dec_ttl(skb, p))
+			return TC_ACT_SHOT;
+		if (bpf_skb_store_bytes(skb, 0, f.dmac, ETH_ALEN, 0) ||
+		    bpf_skb_store_bytes(skb, ETH_ALEN, f.smac, ETH_ALEN, 0))
+			return TC_ACT_SHOT;
+		return bpf_redirect(f.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = {};
+
+		if (dec_ttl(skb, p))
+			return TC_ACT_SHOT;
+		/* On return, the lookup's destination is the next hop. */
+		if (f.family == AF_INET6) {
+			nh.nh_family = AF_INET6;
+			copy16(nh.ipv6_nh, f.ipv6_dst);
+		} else {
+			nh.nh_family = AF_INET;
+			nh.ipv4_nh = f.ipv4_dst;
+		}
+		return bpf_redirect_neigh(f.ifindex, &nh, sizeof(nh), 0);
+	}
+	return TC_ACT_OK;
+}
+
+/* translate rewrites p to n and forwards it. */
+static __always_inline int translate(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
+{
+	if (rewrite(skb, p, n))
+		return TC_ACT_SHOT;
+	return forward(skb, p, n);
+}
+
+/* reply translates a reply of a tracked flow back: its source becomes
+ * the frontend, its destination the client. */
+static __always_inline int reply(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct nat *n = bpf_map_lookup_elem(&pk_nsrev, &p->t);
+
+	if (!n)
+		return -1;
+	struct nat copy = *n;
+	return translate(skb, p, &copy);
+}
+
+/* reverse_of fills the reverse NAT entry of a flow from the client
+ * tuple t translated to n. */
+static __always_inline void reverse_of(const struct tuple *t, const struct nat *n, struct tuple *rk, struct nat *rv)
+{
+	copy16(rk->saddr, n->daddr);
+	copy16(rk->daddr, n->saddr);
+	rk->sport = n->dport;
+	rk->dport = n->sport;
+	rk->proto = t->proto;
+	rk->pad[0] = 0;
+	rk->pad[1] = 0;
+	rk->pad[2] = 0;
+	copy16(rv->saddr, t->daddr);
+	copy16(rv->daddr, t->saddr);
+	rv->sport = t->dport;
+	rv->dport = t->sport;
+	rv->pad = 0;
+}
+
+/* tracked translates a packet of a flow in pk_nsct, restoring its
+ * reverse entry if the LRU evicted it. */
+static __always_inline int tracked(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct nat *e = bpf_map_lookup_elem(&pk_nsct, &p->t);
+	struct tuple rk;
+	struct nat rv;
+
+	if (!e)
+		return -1;
+	struct nat n = *e;
+	reverse_of(&p->t, &n, &rk, &rv);
+	if (!bpf_map_lookup_elem(&pk_nsrev, &rk))
+		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
+	return translate(skb, p, &n);
+}
+
+/* lookup_fe finds the frontend of p's destination: the address itself,
+ * or a node port when it is a node address. */
+static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p)
+{
+	struct nsfe_key k = {
+		.addr = { p->t.daddr[0], p->t.daddr[1], p->t.daddr[2], p->t.daddr[3] },
+		.port = p->t.dport,
+		.proto = p->t.proto,
+		.pad = 0,
+	};
+	struct nsfe_val *v = bpf_map_lookup_elem(&pk_nsfe, &k);
+
+	if (v)
+		return v;
+	if (p->v6) {
+		struct nsfe_key nk = {
+			.addr = { k.addr[0], k.addr[1], k.addr[2], k.addr[3] },
+			.port = 0,
+			.proto = 0,
+			.pad = 0,
+		};
+		if (!bpf_map_lookup_elem(&pk_node6, &nk))
+			return NULL;
+		k.addr[3] = 0;
+	} else {
+		__be32 a = k.addr[3];
+		if (!bpf_map_lookup_elem(&pk_node4, &a))
+			return NULL;
+		k.addr[3] = 0; /* ::ffff:0.0.0.0 */
+	}
+	if (p->v6) {
+		k.addr[0] = 0;
+		k.addr[1] = 0;
+		k.addr[2] = 0;
+	}
+	return bpf_map_lookup_elem(&pk_nsfe, &k);
+}
+
+/* pick returns the endpoint of a new flow to fe. */
+static __always_inline int pick(const struct nsfe_val *fe, struct nsbe_val *out)
+{
+	struct nsbe_key k = { .id = fe->id, .slot = bpf_get_prandom_u32() % fe->count };
+	struct nsbe_val *b = bpf_map_lookup_elem(&pk_nsbe, &k);
+
+	if (!b) {
+		/* The slots are being rewritten; slot 0 is always there. */
+		k.slot = 0;
+		b = bpf_map_lookup_elem(&pk_nsbe, &k);
+		if (!b)
+			return -1;
+	}
+	*out = *b;
+	return 0;
+}
+
+/* snat_addr finds the node's address on the interface the route to
+ * the endpoint leaves through. */
+static __always_inline int snat_addr(struct __sk_buff *skb, const struct pkt *p, const __be32 ep[4], __be32 out[4])
+{
+	struct bpf_fib_lookup f;
+	long rc = fib(skb, p, p->t.saddr, ep, &f);
+
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return -1;
+	struct ifaddr_key k = { .ifindex = f.ifindex, .family = p->v6 ? AF_INET6 : AF_INET };
+	__be32 *a = bpf_map_lookup_elem(&pk_ifaddr, &k);
+	if (!a)
+		return -1;
+	copy16(out, a);
+	return 0;
+}
+
+/* claim records a new flow: its reverse entry (with a free SNAT port
+ * when it is SNATed: the reverse tuple must be unique) and its
+ * tracking entry. */
+static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
+{
+	struct tuple rk;
+	struct nat rv;
+	__u32 span = (__u32)snat_port_max - snat_port_min + 1;
+
+	if (!snat) {
+		reverse_of(&p->t, n, &rk, &rv);
+		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
+		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+	}
+	for (int i = 0; i < SNAT_TRIES; i++) {
+		n->sport = bpf_htons((__u16)(snat_port_min + bpf_get_prandom_u32() % span));
+		reverse_of(&p->t, n, &rk, &rv);
+		if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
+			return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+	}
+	return -1;
+}
+
+/* frontend translates the first packet of a flow to a frontend. */
+static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct nsfe_val *fe = lookup_fe(p);
+	struct nsbe_val ep;
+	struct nat n = {};
+	int snat;
+
+	if (!fe)
+		return -1;
+	if (fe->count == 0)
+		return TC_ACT_SHOT;
+	if (pick(fe, &ep))
+		return TC_ACT_SHOT;
+	copy16(n.daddr, ep.addr);
+	n.dport = ep.port;
+	copy16(n.saddr, p->t.saddr);
+	n.sport = p->t.sport;
+	snat = !(fe->flags & NSFE_LOCAL) && !(ep.flags & NSBE_LOCAL);
+	if (snat && snat_addr(skb, p, ep.addr, n.saddr))
+		return TC_ACT_SHOT;
+	if (claim(p, &n, snat))
+		return TC_ACT_SHOT;
+	return translate(skb, p, &n);
+}
+
+SEC("tc")
+int pk_tc_ext(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int v;
+
+	if (parse(skb, &p))
+		return TC_ACT_UNSPEC;
+	if ((v = reply(skb, &p)) >= 0)
+		return v;
+	if ((v = tracked(skb, &p)) >= 0)
+		return v;
+	if ((v = frontend(skb, &p)) >= 0)
+		return v;
+	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int pk_tc_pod(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int v;
+
+	if (parse(skb, &p))
+		return TC_ACT_UNSPEC;
+	if ((v = reply(skb, &p)) >= 0)
+		return v;
+	return TC_ACT_UNSPEC;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,315 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// Kernel representations of the frontend and endpoint maps of
+// bpf/nodeport.c (TestNodeportMapLayout checks them against the
+// object's BTF). Addresses are 16 bytes, IPv4-mapped for IPv4, so that
+// both families share the maps.
+
+type nsfeKey struct {
+	Addr  [16]byte
+	Port  [2]byte
+	Proto uint8
+	Pad   uint8
+}
+
+type nsfeVal struct {
+	ID    uint32
+	Count uint32
+	Flags uint32
+}
+
+// Flags of nsfeVal.
+const (
+	// nsfeDrop: endpoints exist, none for this traffic on this node
+	// (externalTrafficPolicy Local).
+	nsfeDrop = 1
+	// nsfeLocal: externalTrafficPolicy Local, never SNAT.
+	nsfeLocal = 2
+)
+
+type nsbeVal struct {
+	Addr  [16]byte
+	Port  [2]byte
+	Flags uint16
+}
+
+// nsbeLocal marks an endpoint on this node: its flows are not SNATed.
+const nsbeLocal = 1
+
+// v6GroupBit is set in the group ids of the IPv6 backend, so that the
+// two family backends, which share pk_nsbe, never use the same id.
+const v6GroupBit = 1 << 31
+
+// tcBackend is the north-south part of one family with NorthSouth tc:
+// it stands where the composed nftables backend would, and keeps the
+// tc plane's frontend and endpoint maps of its family in step with the
+// requests.
+type tcBackend struct {
+	plane  *tcPlane
+	family model.IPFamily
+	log    *slog.Logger
+	ids    idAllocator
+	// groups are the endpoint groups of the service ports, by name:
+	// kept across syncs so that ids and slots stay put.
+	groups map[model.ServicePortName]*nsGroup
+	// st is what the maps hold of this family as of the last
+	// successful sync; nil when unknown.
+	st *nsState
+}
+
+var _ proxier.Backend = (*tcBackend)(nil)
+
+// nsGroup is the endpoint group of a service port's external traffic,
+// in slot order.
+type nsGroup struct {
+	id  uint32
+	eps []netip.AddrPort
+}
+
+// nsState is the contents of the maps of one family.
+type nsState struct {
+	fes   map[nsfeKey]nsfeVal
+	slots map[beKey]nsbeVal
+}
+
+// newTCBackend returns the north-south backend of family on plane,
+// holding a reference to it.
+func newTCBackend(plane *tcPlane, family model.IPFamily, log *slog.Logger) *tcBackend {
+	plane.acquire()
+	return &tcBackend{plane: plane, family: family, log: log.With("part", "tc"), groups: map[model.ServicePortName]*nsGroup{}}
+}
+
+// Name returns "ebpf-tc".
+func (t *tcBackend) Name() string { return "ebpf-tc" }
+
+// Family returns the backend's IP family.
+func (t *tcBackend) Family() model.IPFamily { return t.family }
+
+// Sync makes the family's frontends and endpoint slots match req, then
+// attaches the programs to interfaces that appeared and writes the
+// interfaces' addresses.
+func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if t.plane == nil {
+		return errClosed
+	}
+	want := t.render(req)
+	have := t.st
+	if have == nil || req.Full {
+		var err error
+		if have, err = t.readKernel(); err != nil {
+			t.st = nil
+			return err
+		}
+	}
+	if err := t.write(have, want); err != nil {
+		t.st = nil
+		return err
+	}
+	t.st = want
+	return t.plane.refresh()
+}
+
+// render computes the family's map contents from the whole state of
+// req (phase 1: every sync renders every service port; only the
+// difference is written).
+func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
+	st := &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}}
+	seen := map[model.ServicePortName]bool{}
+	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
+		sp := req.State.Services[name]
+		fes := tcFrontends(t.family, sp)
+		if len(fes) == 0 {
+			continue
+		}
+		tg := req.Targets[name]
+		if tg == nil {
+			tg = &proxier.Targets{}
+		}
+		g := t.group(name, tg.External)
+		seen[name] = true
+		local := map[netip.AddrPort]bool{}
+		for _, e := range tg.External {
+			local[e.Addr] = local[e.Addr] || e.Local
+		}
+		for i, ep := range g.eps {
+			v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
+			if local[ep] {
+				v.Flags = nsbeLocal
+			}
+			st.slots[beKey{ID: g.id, Slot: uint32(i)}] = v
+		}
+		v := nsfeVal{ID: g.id, Count: uint32(len(g.eps))}
+		if sp.ExternalLocal() {
+			v.Flags |= nsfeLocal
+		}
+		if len(g.eps) == 0 && tg.HasEndpoints {
+			v.Flags |= nsfeDrop
+		}
+		for _, k := range fes {
+			st.fes[k] = v
+		}
+	}
+	for name := range t.groups {
+		if !seen[name] {
+			delete(t.groups, name)
+		}
+	}
+	return st
+}
+
+// group returns the endpoint group of name holding eps, keeping the id
+// and the slots of endpoints that stay.
+func (t *tcBackend) group(name model.ServicePortName, eps []*model.Endpoint) *nsGroup {
+	want := addrs(eps)
+	g := t.groups[name]
+	if g == nil {
+		id, _ := t.ids.alloc() // 2^31 ids per process: never exhausted in practice
+		if t.family == model.IPv6 {
+			id |= v6GroupBit
+		}
+		g = &nsGroup{id: id}
+		t.groups[name] = g
+	}
+	g.eps = layout(g.eps, want)
+	return g
+}
+
+// tcFrontends returns the frontends of sp served at tc: the node port
+// on every node address, external IPs and load-balancer IPs of the
+// family, for TCP and UDP. Load-balancer IPs with source ranges are
+// left out (phase 1: the ranges are not enforced at tc yet).
+func tcFrontends(f model.IPFamily, sp *model.ServicePort) []nsfeKey {
+	proto := protoNumber(sp.Protocol)
+	if proto == 0 {
+		return nil
+	}
+	key := func(a netip.Addr, port uint16) nsfeKey {
+		return nsfeKey{Addr: mapped16(a), Port: be16(port), Proto: proto}
+	}
+	var out []nsfeKey
+	if sp.NodePort != 0 {
+		out = append(out, key(unspecified(f), sp.NodePort))
+	}
+	for _, ip := range sp.ExternalIPs {
+		if f.Contains(ip) {
+			out = append(out, key(ip.Unmap(), sp.Port))
+		}
+	}
+	if len(sp.LoadBalancerSourceRanges) == 0 {
+		for _, ip := range sp.LoadBalancerIPs {
+			if f.Contains(ip) {
+				out = append(out, key(ip.Unmap(), sp.Port))
+			}
+		}
+	}
+	return out
+}
+
+// readKernel reads the entries of the backend's family from the maps.
+func (t *tcBackend) readKernel() (*nsState, error) {
+	st := &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}}
+	err := readAll(t.plane.objs.PkNsfe, func(k nsfeKey, v nsfeVal) {
+		if familyOf(k.Addr) == t.family {
+			st.fes[k] = v
+		}
+	})
+	if err == nil {
+		err = readAll(t.plane.objs.PkNsbe, func(k beKey, v nsbeVal) {
+			if (k.ID&v6GroupBit != 0) == (t.family == model.IPv6) {
+				st.slots[k] = v
+			}
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ebpf: tc: %w", err)
+	}
+	return st, nil
+}
+
+// write turns the maps' contents have into want: new slots, then
+// frontends, then removed frontends, then removed slots, so that a
+// frontend never counts a slot that is not there.
+func (t *tcBackend) write(have, want *nsState) error {
+	putFK, putFV, delF := diffMaps(have.fes, want.fes)
+	putBK, putBV, delB := diffMaps(have.slots, want.slots)
+	o := t.plane.objs
+	err := batchPut(o.PkNsbe, putBK, putBV)
+	if err == nil {
+		err = batchPut(o.PkNsfe, putFK, putFV)
+	}
+	if err == nil {
+		err = batchDel(o.PkNsfe, delF)
+	}
+	if err == nil {
+		err = batchDel(o.PkNsbe, delB)
+	}
+	if err != nil {
+		return fmt.Errorf("ebpf: tc: %w", err)
+	}
+	if n := len(putFK) + len(putBK) + len(delF) + len(delB); n > 0 {
+		t.log.Debug("tc maps written", "frontends", len(want.fes), "slots", len(want.slots), "written", len(putFK)+len(putBK), "deleted", len(delF)+len(delB))
+	}
+	return nil
+}
+
+// diffMaps returns the entries of want that have lacks or holds
+// differently, and the keys of have that want lacks.
+func diffMaps[K comparable, V comparable](have, want map[K]V) (putK []K, putV []V, del []K) {
+	for k, v := range want {
+		if h, ok := have[k]; !ok || h != v {
+			putK, putV = append(putK, k), append(putV, v)
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	return putK, putV, del
+}
+
+// Cleanup detaches the tc programs and removes the family's frontends
+// and slots.
+func (t *tcBackend) Cleanup(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if t.plane == nil {
+		return errClosed
+	}
+	err := t.plane.cleanup()
+	have, rerr := t.readKernel()
+	if rerr == nil {
+		rerr = t.write(have, &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}})
+	}
+	t.st = nil
+	clear(t.groups)
+	return errors.Join(err, rerr)
+}
+
+// Close drops the backend's reference to the tc plane; the last one
+// detaches the programs.
+func (t *tcBackend) Close() error {
+	if t.plane == nil {
+		return nil
+	}
+	err := t.plane.release()
+	t.plane = nil
+	return err
+}

@@ -1,0 +1,522 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+// NorthSouth names what serves the traffic that arrives at the node
+// from outside: node ports, external and load-balancer IPs.
+type NorthSouth string
+
+const (
+	// NorthSouthNFTables composes the nftables backend (a table of its
+	// own). It is the default.
+	NorthSouthNFTables NorthSouth = "nftables"
+	// NorthSouthTC serves it with tc programs (bpf/nodeport.c) on the
+	// node's interfaces, without any netfilter rule: frontend lookup,
+	// random endpoint pick, DNAT, SNAT to the node for a remote
+	// endpoint (externalTrafficPolicy Cluster), connection tracking and
+	// reverse NAT in LRU maps, forwarding with bpf_fib_lookup and
+	// bpf_redirect/bpf_redirect_neigh. Programs attach with tcx links
+	// (kernel 6.6+), else with a clsact qdisc and a cls_bpf filter.
+	NorthSouthTC NorthSouth = "tc"
+)
+
+// checkNorthSouth reports a NorthSouth setting that cannot work.
+func (c *Config) checkNorthSouth() error {
+	switch c.NorthSouth {
+	case "", NorthSouthNFTables:
+		return nil
+	case NorthSouthTC:
+		if c.SocketOnly {
+			return errors.New("ebpf: Config.NorthSouth tc and Config.SocketOnly contradict each other")
+		}
+		return nil
+	}
+	return fmt.Errorf("ebpf: unknown Config.NorthSouth %q (want %q or %q)", c.NorthSouth, NorthSouthNFTables, NorthSouthTC)
+}
+
+// Map names of bpf/nodeport.c.
+const (
+	mapNSFe   = "pk_nsfe"
+	mapNSBe   = "pk_nsbe"
+	mapNSCt   = "pk_nsct"
+	mapNSRev  = "pk_nsrev"
+	mapIfAddr = "pk_ifaddr"
+)
+
+// tcFilterPriority and tcFilterHandle identify the cls_bpf filters of
+// the clsact path on ingress.
+const (
+	tcFilterPriority = 0xc0de
+	tcFilterHandle   = 0x70
+)
+
+// tcPlane is the north-south datapath at tc that both family backends
+// of a proxier share: the programs and maps of bpf/nodeport.c, and
+// their attachment to the interfaces of the node's namespace.
+type tcPlane struct {
+	cfg  Config
+	log  *slog.Logger
+	objs nodeportObjects
+	ns   *netns.NS
+	nl   *netlink.Handle
+
+	mu     sync.Mutex
+	refs   int
+	closed bool
+	// legacy says tcx is missing (or refused): clsact and cls_bpf.
+	legacy bool
+	// atts are the attachments by interface index.
+	atts map[int]*tcAttachment
+	// ifaddrs is what pk_ifaddr holds.
+	ifaddrs map[ifaddrKey][16]byte
+}
+
+// tcAttachment is one program on one interface's ingress.
+type tcAttachment struct {
+	ifindex int
+	name    string
+	ext     bool
+	link    link.Link         // tcx
+	filter  *netlink.BpfFilter // clsact
+}
+
+// ifaddrKey is the key of pk_ifaddr.
+type ifaddrKey struct {
+	Ifindex uint32
+	Family  uint32
+}
+
+// newTCPlaneFor returns the tc plane of cfg, or nil unless
+// cfg.NorthSouth is tc. It probes the kernel and loads the programs;
+// nothing is attached before the first sync. It holds one reference,
+// dropped with release.
+func newTCPlaneFor(cfg Config, dp *dataplane) (*tcPlane, error) {
+	if cfg.NorthSouth != NorthSouthTC {
+		return nil, nil
+	}
+	if err := probeTC(); err != nil {
+		return nil, err
+	}
+	p := &tcPlane{
+		cfg:     cfg,
+		log:     cfg.Logger.With("backend", "ebpf", "part", "tc"),
+		refs:    1,
+		legacy:  cfg.tcLegacy,
+		atts:    map[int]*tcAttachment{},
+		ifaddrs: map[ifaddrKey][16]byte{},
+	}
+	ns, err := netns.Open(cfg.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("ebpf: tc: %w", err)
+	}
+	p.ns = ns
+	if p.nl, err = ns.NetlinkHandle(unix.NETLINK_ROUTE); err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("ebpf: tc: netlink: %w", err)
+	}
+	if err := p.load(dp); err != nil {
+		p.nl.Close()
+		ns.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// probeTC checks the program type and helpers the tc programs use.
+func probeTC() error {
+	if err := features.HaveProgramType(ebpf.SchedCLS); err != nil {
+		return unsupported("tc (sched_cls) programs", err)
+	}
+	for _, h := range []struct {
+		fn   asm.BuiltinFunc
+		name string
+	}{
+		{asm.FnFibLookup, "bpf_fib_lookup (kernel 4.18)"},
+		{asm.FnRedirectNeigh, "bpf_redirect_neigh (kernel 5.10)"},
+		{asm.FnCsumDiff, "bpf_csum_diff"},
+	} {
+		if err := features.HaveProgramHelper(ebpf.SchedCLS, h.fn); err != nil {
+			return unsupported("helper "+h.name+" in tc programs", err)
+		}
+	}
+	return nil
+}
+
+// load loads bpf/nodeport.c with the socket programs' node address
+// maps. Its own maps are never pinned: flows and frontends live as
+// long as the proxier.
+func (p *tcPlane) load(dp *dataplane) error {
+	spec, err := loadNodeport()
+	if err != nil {
+		return fmt.Errorf("ebpf: tc: %w", err)
+	}
+	nfam := max(len(p.cfg.Families), 1)
+	sizes := map[string]int{
+		mapNSFe:  nfam * p.cfg.MaxServices,
+		mapNSBe:  nfam * p.cfg.MaxBackends,
+		mapNSCt:  p.cfg.MaxSockets,
+		mapNSRev: p.cfg.MaxSockets,
+	}
+	for name, n := range sizes {
+		spec.Maps[name].MaxEntries = uint32(n)
+	}
+	for _, ms := range spec.Maps {
+		ms.Pinning = ebpf.PinNone
+	}
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		mapNode4: dp.objs.PkNode4,
+		mapNode6: dp.objs.PkNode6,
+	}}
+	spec.Maps[mapNode4].MaxEntries = dp.objs.PkNode4.MaxEntries()
+	spec.Maps[mapNode6].MaxEntries = dp.objs.PkNode6.MaxEntries()
+	if err := spec.LoadAndAssign(&p.objs, opts); err != nil {
+		return tcLoadError(err)
+	}
+	return nil
+}
+
+// tcLoadError names what failed to load, with the verifier's log.
+func tcLoadError(err error) error {
+	var verr *ebpf.VerifierError
+	if errors.As(err, &verr) {
+		return &proxier.UnsupportedError{Backend: "ebpf", What: "the tc programs (bpf/nodeport.c) on kernel " + kernelRelease(),
+			Err: fmt.Errorf("%+v", verr)}
+	}
+	return loadError("the tc programs (bpf/nodeport.c)", err)
+}
+
+// kernelRelease returns uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "(unknown)"
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// release drops a reference; the last one detaches the programs and
+// closes everything. A nil plane does nothing.
+func (p *tcPlane) release() error {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refs--
+	if p.refs > 0 || p.closed {
+		return nil
+	}
+	p.closed = true
+	err := p.detachAllLocked()
+	return errors.Join(err, p.objs.Close(), p.nsClose())
+}
+
+func (p *tcPlane) nsClose() error {
+	p.nl.Close()
+	return p.ns.Close()
+}
+
+func (p *tcPlane) acquire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refs++
+}
+
+// tcDevice is an interface of the node's namespace the programs attach
+// to, and whether it is external (frontends are served there).
+type tcDevice struct {
+	index int
+	name  string
+	ext   bool
+	addrs []netip.Prefix
+}
+
+// devices lists the Ethernet interfaces of the node's namespace.
+func (p *tcPlane) devices() ([]tcDevice, error) {
+	links, err := p.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("ebpf: tc: list interfaces: %w", err)
+	}
+	var out []tcDevice
+	for _, l := range links {
+		a := l.Attrs()
+		if a.EncapType != "ether" || a.Flags&unix.IFF_LOOPBACK != 0 {
+			continue
+		}
+		d := tcDevice{index: a.Index, name: a.Name}
+		addrs, err := p.nl.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return nil, fmt.Errorf("ebpf: tc: addresses of %s: %w", a.Name, err)
+		}
+		for _, ad := range addrs {
+			ip, ok := netip.AddrFromSlice(ad.IP)
+			if !ok || !ip.Unmap().IsGlobalUnicast() {
+				continue
+			}
+			ones, _ := ad.Mask.Size()
+			d.addrs = append(d.addrs, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+		d.ext = p.external(d)
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// external says whether frontends are served on d: it is named in
+// NorthSouthDevices, or (without that list) holds a global address
+// with a prefix shorter than a host route.
+func (p *tcPlane) external(d tcDevice) bool {
+	if len(p.cfg.NorthSouthDevices) > 0 {
+		return slices.Contains(p.cfg.NorthSouthDevices, d.name)
+	}
+	return slices.ContainsFunc(d.addrs, func(a netip.Prefix) bool { return a.Bits() < a.Addr().BitLen() })
+}
+
+// refresh attaches the programs to the interfaces that appeared (or
+// changed role) since the last call, forgets those that are gone, and
+// writes the interfaces' addresses (the SNAT sources) to pk_ifaddr.
+func (p *tcPlane) refresh() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errClosed
+	}
+	devs, err := p.devices()
+	if err != nil {
+		return err
+	}
+	if err := p.writeAddrs(devs); err != nil {
+		return err
+	}
+	seen := map[int]bool{}
+	var errs []error
+	for _, d := range devs {
+		seen[d.index] = true
+		if a := p.atts[d.index]; a != nil && a.ext == d.ext && a.name == d.name {
+			continue
+		}
+		if err := p.attachLocked(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for idx, a := range p.atts {
+		if !seen[idx] {
+			// The interface is gone, and its programs with it.
+			if a.link != nil {
+				a.link.Close()
+			}
+			delete(p.atts, idx)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeAddrs makes pk_ifaddr hold the first address of each family of
+// every device.
+func (p *tcPlane) writeAddrs(devs []tcDevice) error {
+	want := map[ifaddrKey][16]byte{}
+	for _, d := range devs {
+		for _, a := range d.addrs {
+			fam := uint32(unix.AF_INET)
+			if a.Addr().Is6() {
+				fam = unix.AF_INET6
+			}
+			k := ifaddrKey{Ifindex: uint32(d.index), Family: fam}
+			if _, ok := want[k]; !ok {
+				want[k] = mapped16(a.Addr())
+			}
+		}
+	}
+	var putK []ifaddrKey
+	var putV [][16]byte
+	var del []ifaddrKey
+	for k, v := range want {
+		if h, ok := p.ifaddrs[k]; !ok || h != v {
+			putK, putV = append(putK, k), append(putV, v)
+		}
+	}
+	for k := range p.ifaddrs {
+		if _, ok := want[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	if err := errors.Join(batchPut(p.objs.PkIfaddr, putK, putV), batchDel(p.objs.PkIfaddr, del)); err != nil {
+		p.ifaddrs = map[ifaddrKey][16]byte{} // unknown: rewrite next time
+		return fmt.Errorf("ebpf: tc: %w", err)
+	}
+	p.ifaddrs = want
+	return nil
+}
+
+// program returns the program for a device of the role ext.
+func (p *tcPlane) program(ext bool) *ebpf.Program {
+	if ext {
+		return p.objs.PkTcExt
+	}
+	return p.objs.PkTcPod
+}
+
+// attachLocked attaches the program of d's role to its ingress,
+// replacing an earlier attachment.
+func (p *tcPlane) attachLocked(d tcDevice) error {
+	prog := p.program(d.ext)
+	old := p.atts[d.index]
+	a := &tcAttachment{ifindex: d.index, name: d.name, ext: d.ext}
+	if !p.legacy {
+		l, err := p.attachTCX(d.index, prog, old)
+		switch {
+		case err == nil:
+			a.link = l
+			p.atts[d.index] = a
+			p.log.Debug("tc program attached", "interface", d.name, "external", d.ext, "with", "tcx")
+			return nil
+		case errors.Is(err, ebpf.ErrNotSupported):
+			p.log.Info("no tcx in this kernel: attaching with clsact and cls_bpf", "kernel", kernelRelease())
+			p.legacy = true
+		default:
+			return fmt.Errorf("ebpf: tc: attach %s to %s (tcx): %w", prog, d.name, err)
+		}
+	}
+	f, err := p.attachFilter(d, prog)
+	if err != nil {
+		return fmt.Errorf("ebpf: tc: attach %s to %s (clsact): %w", prog, d.name, err)
+	}
+	if old != nil && old.link != nil {
+		old.link.Close()
+	}
+	a.filter = f
+	p.atts[d.index] = a
+	p.log.Debug("tc program attached", "interface", d.name, "external", d.ext, "with", "clsact")
+	return nil
+}
+
+// attachTCX attaches prog to the ingress of interface index (in the
+// node's namespace, where the kernel resolves the index), or swaps it
+// into the existing link old.
+func (p *tcPlane) attachTCX(index int, prog *ebpf.Program, old *tcAttachment) (link.Link, error) {
+	if old != nil && old.link != nil {
+		if err := old.link.Update(prog); err != nil {
+			return nil, err
+		}
+		return old.link, nil
+	}
+	var l link.Link
+	err := p.ns.Do(func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: index, Program: prog, Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	return l, err
+}
+
+// attachFilter adds (or replaces) the cls_bpf filter of prog on the
+// clsact ingress hook of d, adding the clsact qdisc when missing.
+func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilter, error) {
+	q := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: d.index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := p.nl.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	info, err := prog.Info()
+	if err != nil {
+		return nil, err
+	}
+	f := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: d.index,
+			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Handle:    tcFilterHandle,
+			Priority:  tcFilterPriority,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd:           prog.FD(),
+		Name:         info.Name,
+		DirectAction: true,
+	}
+	if err := p.nl.FilterReplace(f); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// detachAllLocked removes every attachment of this plane.
+func (p *tcPlane) detachAllLocked() error {
+	var errs []error
+	for idx, a := range p.atts {
+		if a.link != nil {
+			errs = append(errs, a.link.Close())
+		}
+		if a.filter != nil {
+			if err := p.nl.FilterDel(a.filter); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.EINVAL) {
+				errs = append(errs, fmt.Errorf("ebpf: tc: remove filter from %s: %w", a.name, err))
+			}
+		}
+		delete(p.atts, idx)
+	}
+	return errors.Join(errs...)
+}
+
+// cleanup detaches every program of this plane, and the cls_bpf
+// filters of the tc programs a predecessor left on any interface of
+// the node's namespace (tcx links die with their process).
+func (p *tcPlane) cleanup() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errClosed
+	}
+	errs := []error{p.detachAllLocked()}
+	links, err := p.nl.LinkList()
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("ebpf: tc: list interfaces: %w", err))...)
+	}
+	for _, l := range links {
+		fs, err := p.nl.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+		if err != nil {
+			continue // no clsact qdisc
+		}
+		for _, f := range fs {
+			bf, ok := f.(*netlink.BpfFilter)
+			if ok && strings.HasPrefix(bf.Name, "pk_tc_") && bf.Priority == tcFilterPriority {
+				if err := p.nl.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("ebpf: tc: remove filter from %s: %w", l.Attrs().Name, err))
+				}
+			}
+		}
+	}
+	if err := batchDel(p.objs.PkIfaddr, slices.Collect(maps.Keys(p.ifaddrs))); err != nil {
+		errs = append(errs, fmt.Errorf("ebpf: tc: %w", err))
+	}
+	clear(p.ifaddrs)
+	return errors.Join(errs...)
+}
+
+// familyOf returns the family of a 16-byte address as the maps hold it.
+func familyOf(a [16]byte) model.IPFamily {
+	if netip.AddrFrom16(a).Is4In6() {
+		return model.IPv4
+	}
+	return model.IPv6
+}
