@@ -437,6 +437,9 @@ func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilt
 		QdiscType:  "clsact",
 	}
 	if err := p.nl.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, &proxier.UnsupportedError{Backend: "ebpf", What: "the clsact qdisc (CONFIG_NET_SCH_INGRESS, module sch_ingress)", Err: err}
+		}
 		return nil, fmt.Errorf("add clsact qdisc: %w", err)
 	}
 	info, err := prog.Info()
@@ -456,7 +459,10 @@ func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilt
 		DirectAction: true,
 	}
 	if err := p.nl.FilterReplace(f); err != nil {
-		return nil, err
+		if errors.Is(err, unix.ENOENT) {
+			return nil, &proxier.UnsupportedError{Backend: "ebpf", What: "the bpf classifier (CONFIG_NET_CLS_BPF, module cls_bpf)", Err: err}
+		}
+		return nil, fmt.Errorf("add cls_bpf filter: %w", err)
 	}
 	return f, nil
 }
