@@ -62,9 +62,9 @@ type tcBackend struct {
 	family model.IPFamily
 	log    *slog.Logger
 	ids    idAllocator
-	// groups are the endpoint groups of the service ports, by name:
-	// kept across syncs so that ids and slots stay put.
-	groups map[model.ServicePortName]*nsGroup
+	// groups are the endpoint groups of the service ports, by name and
+	// role: kept across syncs so that ids and slots stay put.
+	groups map[groupName]*nsGroup
 	// st is what the maps hold of this family as of the last
 	// successful sync; nil when unknown.
 	st *nsState
@@ -72,8 +72,15 @@ type tcBackend struct {
 
 var _ proxier.Backend = (*tcBackend)(nil)
 
-// nsGroup is the endpoint group of a service port's external traffic,
-// in slot order.
+// groupName names the endpoint group of a service port's cluster IP
+// (external false) or external (node port, external and load-balancer
+// IP) traffic.
+type groupName struct {
+	name     model.ServicePortName
+	external bool
+}
+
+// nsGroup is an endpoint group, in slot order.
 type nsGroup struct {
 	id  uint32
 	eps []netip.AddrPort
@@ -89,7 +96,7 @@ type nsState struct {
 // holding a reference to it.
 func newTCBackend(plane *tcPlane, family model.IPFamily, log *slog.Logger) *tcBackend {
 	plane.acquire()
-	return &tcBackend{plane: plane, family: family, log: log.With("part", "tc"), groups: map[model.ServicePortName]*nsGroup{}}
+	return &tcBackend{plane: plane, family: family, log: log.With("part", "tc"), groups: map[groupName]*nsGroup{}}
 }
 
 // Name returns "ebpf-tc".
@@ -130,95 +137,112 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 // difference is written).
 func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
 	st := &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}}
-	seen := map[model.ServicePortName]bool{}
+	seen := map[groupName]bool{}
 	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
 		sp := req.State.Services[name]
-		fes := tcFrontends(t.family, sp)
-		if len(fes) == 0 {
-			continue
-		}
 		tg := req.Targets[name]
 		if tg == nil {
 			tg = &proxier.Targets{}
 		}
-		g := t.group(name, tg.External)
-		seen[name] = true
-		local := map[netip.AddrPort]bool{}
-		for _, e := range tg.External {
-			local[e.Addr] = local[e.Addr] || e.Local
-		}
-		for i, ep := range g.eps {
-			v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
-			if local[ep] {
-				v.Flags = nsbeLocal
+		internal, external := tcFrontends(t.family, sp)
+		for _, role := range []struct {
+			external bool
+			fes      []nsfeKey
+			eps      []*model.Endpoint
+		}{{false, internal, tg.Internal}, {true, external, tg.External}} {
+			if len(role.fes) == 0 {
+				continue
 			}
-			st.slots[beKey{ID: g.id, Slot: uint32(i)}] = v
-		}
-		v := nsfeVal{ID: g.id, Count: uint32(len(g.eps))}
-		if sp.ExternalLocal() {
-			v.Flags |= nsfeLocal
-		}
-		if len(g.eps) == 0 && tg.HasEndpoints {
-			v.Flags |= nsfeDrop
-		}
-		for _, k := range fes {
-			st.fes[k] = v
+			gn := groupName{name, role.external}
+			seen[gn] = true
+			v := t.renderGroup(st, t.group(gn, role.eps), role.eps)
+			if role.external && sp.ExternalLocal() {
+				v.Flags |= nsfeLocal
+			}
+			if v.Count == 0 && tg.HasEndpoints {
+				v.Flags |= nsfeDrop
+			}
+			for _, k := range role.fes {
+				st.fes[k] = v
+			}
 		}
 	}
-	for name := range t.groups {
-		if !seen[name] {
-			delete(t.groups, name)
+	for gn := range t.groups {
+		if !seen[gn] {
+			delete(t.groups, gn)
 		}
 	}
 	return st
 }
 
-// group returns the endpoint group of name holding eps, keeping the id
-// and the slots of endpoints that stay.
-func (t *tcBackend) group(name model.ServicePortName, eps []*model.Endpoint) *nsGroup {
+// renderGroup adds the slots of g to st and returns the value of its
+// frontends. eps are the targets g was laid out from: they say which
+// endpoints run on this node.
+func (t *tcBackend) renderGroup(st *nsState, g *nsGroup, eps []*model.Endpoint) nsfeVal {
+	local := map[netip.AddrPort]bool{}
+	for _, e := range eps {
+		local[e.Addr] = local[e.Addr] || e.Local
+	}
+	for i, ep := range g.eps {
+		v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
+		if local[ep] {
+			v.Flags = nsbeLocal
+		}
+		st.slots[beKey{ID: g.id, Slot: uint32(i)}] = v
+	}
+	return nsfeVal{ID: g.id, Count: uint32(len(g.eps))}
+}
+
+// group returns the endpoint group gn holding eps, keeping the id and
+// the slots of endpoints that stay.
+func (t *tcBackend) group(gn groupName, eps []*model.Endpoint) *nsGroup {
 	want := addrs(eps)
-	g := t.groups[name]
+	g := t.groups[gn]
 	if g == nil {
 		id, _ := t.ids.alloc() // 2^31 ids per process: never exhausted in practice
 		if t.family == model.IPv6 {
 			id |= v6GroupBit
 		}
 		g = &nsGroup{id: id}
-		t.groups[name] = g
+		t.groups[gn] = g
 	}
 	g.eps = layout(g.eps, want)
 	return g
 }
 
-// tcFrontends returns the frontends of sp served at tc: the node port
-// on every node address, external IPs and load-balancer IPs of the
-// family, for TCP and UDP. Load-balancer IPs with source ranges are
-// left out (phase 1: the ranges are not enforced at tc yet).
-func tcFrontends(f model.IPFamily, sp *model.ServicePort) []nsfeKey {
+// tcFrontends returns the frontends of sp served at tc, for TCP and
+// UDP: the cluster IP (internal: packets that reach the node for it
+// from outside, which no socket program saw) and the node port on every
+// node address, external IPs and load-balancer IPs of the family
+// (external). Load-balancer IPs with source ranges are left out (phase
+// 1: the ranges are not enforced at tc yet).
+func tcFrontends(f model.IPFamily, sp *model.ServicePort) (internal, external []nsfeKey) {
 	proto := protoNumber(sp.Protocol)
 	if proto == 0 {
-		return nil
+		return nil, nil
 	}
 	key := func(a netip.Addr, port uint16) nsfeKey {
 		return nsfeKey{Addr: mapped16(a), Port: be16(port), Proto: proto}
 	}
-	var out []nsfeKey
+	if f.Contains(sp.ClusterIP) {
+		internal = append(internal, key(sp.ClusterIP.Unmap(), sp.Port))
+	}
 	if sp.NodePort != 0 {
-		out = append(out, key(unspecified(f), sp.NodePort))
+		external = append(external, key(unspecified(f), sp.NodePort))
 	}
 	for _, ip := range sp.ExternalIPs {
 		if f.Contains(ip) {
-			out = append(out, key(ip.Unmap(), sp.Port))
+			external = append(external, key(ip.Unmap(), sp.Port))
 		}
 	}
 	if len(sp.LoadBalancerSourceRanges) == 0 {
 		for _, ip := range sp.LoadBalancerIPs {
 			if f.Contains(ip) {
-				out = append(out, key(ip.Unmap(), sp.Port))
+				external = append(external, key(ip.Unmap(), sp.Port))
 			}
 		}
 	}
-	return out
+	return internal, external
 }
 
 // readKernel reads the entries of the backend's family from the maps.

@@ -96,7 +96,7 @@ type tcAttachment struct {
 	ifindex int
 	name    string
 	ext     bool
-	link    link.Link         // tcx
+	link    link.Link          // tcx
 	filter  *netlink.BpfFilter // clsact
 }
 

@@ -1,0 +1,70 @@
+package ebpf
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+)
+
+var _ proxier.Inspector = (*tcBackend)(nil)
+
+// Inspect implements [proxier.Inspector] for the tc part: it reads the
+// family's frontends and endpoint slots back from pk_nsfe and pk_nsbe.
+// A node port reads as the zero address (every node address in
+// pk_node4/6). A frontend without endpoints reads as "drop": phase 1
+// of the tc datapath drops what kube-proxy rejects.
+func (t *tcBackend) Inspect(ctx context.Context) ([]proxier.Frontend, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if t.plane == nil {
+		return nil, errClosed
+	}
+	st, err := t.readKernel()
+	if err != nil {
+		return nil, err
+	}
+	return st.frontends(), nil
+}
+
+// frontends decodes the frontends of st.
+func (st *nsState) frontends() []proxier.Frontend {
+	out := make([]proxier.Frontend, 0, len(st.fes))
+	for k, v := range st.fes {
+		proto, ok := model.ProtocolOfNumber(k.Proto)
+		if !ok {
+			continue
+		}
+		f := proxier.Frontend{Protocol: proto, Port: port16(k.Port)}
+		if a := netip.AddrFrom16(k.Addr).Unmap(); !a.IsUnspecified() {
+			f.Addr = a
+		}
+		missing := 0
+		for s := range v.Count {
+			be, ok := st.slots[beKey{ID: v.ID, Slot: s}]
+			if !ok {
+				missing++
+				continue
+			}
+			f.Endpoints = append(f.Endpoints, netip.AddrPortFrom(netip.AddrFrom16(be.Addr).Unmap(), port16(be.Port)))
+		}
+		slices.SortFunc(f.Endpoints, netip.AddrPort.Compare)
+		f.Endpoints = slices.Compact(f.Endpoints)
+		if v.Count == 0 {
+			f.Verdict = "drop"
+		}
+		f.Detail = fmt.Sprintf("%s group %#x, %d slots, random", mapNSFe, v.ID, v.Count)
+		if v.Flags&nsfeLocal != 0 {
+			f.Detail += ", externalTrafficPolicy Local (no SNAT)"
+		}
+		if missing > 0 {
+			f.Detail += fmt.Sprintf(", %d slots missing", missing)
+		}
+		out = append(out, f)
+	}
+	return out
+}
