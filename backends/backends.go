@@ -108,6 +108,9 @@ func registry() []entry {
 			name:    "ipvs",
 			new:     func(cfg Config) (proxier.Proxier, error) { return ipvs.New(cfg.ipvs()) },
 			cleanup: func(ctx context.Context, cfg Config) error { return ipvs.Cleanup(ctx, cfg.ipvs()) },
+			inspect: func(ctx context.Context, cfg Config, f model.IPFamily) ([]proxier.Frontend, error) {
+				return ipvs.Inspect(ctx, cfg.ipvs(), f)
+			},
 		},
 		{
 			name:    "nftables",

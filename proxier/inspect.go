@@ -168,16 +168,40 @@ const (
 	KindNodePort     FrontendKind = "NodePort"
 )
 
+// WantOptions are what [WantFrontends] needs to know of the node and the
+// dataplane.
+type WantOptions struct {
+	// NodeIP is the node's primary address of the family: a
+	// load-balancer IP's source ranges admit the load-balancer IPs
+	// themselves when they hold it (kube-proxy's allowFromNode: the node
+	// reaching the IP from the IP).
+	NodeIP netip.Addr
+	// NoShortCircuit says the dataplane sends pods and the node to the
+	// local endpoints of the external addresses of a service with
+	// externalTrafficPolicy Local, as it sends outside sources, instead
+	// of to every endpoint (kube-proxy's ipvs mode; see
+	// [WithoutShortCircuit]).
+	NoShortCircuit bool
+}
+
+// WithoutShortCircuit is implemented by a Backend whose external
+// addresses of a service with externalTrafficPolicy Local send every
+// source, pods and the node included, to the local endpoints, as
+// kube-proxy's ipvs mode does (one virtual server cannot tell sources
+// apart). [Engine.Inspect] then wants that instead of the short circuit.
+type WithoutShortCircuit interface {
+	Backend
+	// WithoutShortCircuit marks the backend; it does nothing.
+	WithoutShortCircuit()
+}
+
 // WantFrontends returns the frontends of sp as a dataplane that follows
-// kube-proxy programs them for targets t on a node whose primary address
-// of the family is nodeIP, each with its kind: the cluster IP with t.Internal, and the
-// node port (zero Addr), external IPs and load-balancer IPs with
-// t.External, plus, with externalTrafficPolicy Local, the short circuit
-// for pods and the node (see [Frontend.SomeSources]). A load-balancer
-// IP's source ranges admit the load-balancer IPs themselves when they
-// hold nodeIP (kube-proxy's allowFromNode: the node reaching the
-// IP from the IP).
-func WantFrontends(sp *model.ServicePort, t *Targets, nodeIP netip.Addr) ([]FrontendKind, []Frontend) {
+// kube-proxy programs them for targets t, each with its kind: the
+// cluster IP with t.Internal, and the node port (zero Addr), external
+// IPs and load-balancer IPs with t.External, plus, with
+// externalTrafficPolicy Local, the short circuit for pods and the node
+// (see [Frontend.SomeSources]) unless opts.NoShortCircuit.
+func WantFrontends(sp *model.ServicePort, t *Targets, opts WantOptions) ([]FrontendKind, []Frontend) {
 	var kinds []FrontendKind
 	var out []Frontend
 	add := func(k FrontendKind, f Frontend) {
@@ -196,7 +220,7 @@ func WantFrontends(sp *model.ServicePort, t *Targets, nodeIP netip.Addr) ([]Fron
 	}
 	ext := Frontend{Endpoints: model.DistinctAddrs(t.External, nil)}
 	ext.Verdict = noEndpointVerdict(t, len(ext.Endpoints))
-	if sp.ExternalLocal() && t.HasEndpoints {
+	if sp.ExternalLocal() && t.HasEndpoints && !opts.NoShortCircuit {
 		short := model.DistinctAddrs(t.ShortCircuit(), nil)
 		var every, some []netip.AddrPort
 		for _, a := range ext.Endpoints {
@@ -228,7 +252,7 @@ func WantFrontends(sp *model.ServicePort, t *Targets, nodeIP netip.Addr) ([]Fron
 		f.Addr, f.Port = a, sp.Port
 		if len(sp.LoadBalancerSourceRanges) > 0 {
 			f.SourceRanges = slices.Clone(sp.LoadBalancerSourceRanges)
-			if sp.SourceRangesHold(nodeIP) {
+			if sp.SourceRangesHold(opts.NodeIP) {
 				for _, lb := range sp.LoadBalancerIPs {
 					f.SourceRanges = append(f.SourceRanges, netip.PrefixFrom(lb, lb.BitLen()))
 				}
@@ -427,7 +451,8 @@ func (e *Engine) inspect(ctx context.Context, read bool) (*Report, error) {
 				targets[name] = SelectTargets(sp, state.Endpoints[name], topo)
 			}
 		}
-		nodeIP := PrimaryNodeIP(e.cfg, &SyncRequest{NodeIPs: allIPs}, f.backend.Family())
+		opts := WantOptions{NodeIP: PrimaryNodeIP(e.cfg, &SyncRequest{NodeIPs: allIPs}, f.backend.Family())}
+		_, opts.NoShortCircuit = f.backend.(WithoutShortCircuit)
 		skipped := maps.Clone(f.objErrs)
 		maps.Copy(skipped, f.owners.rejected)
 		fr := FamilyReport{Family: f.backend.Family().String()}
@@ -441,7 +466,7 @@ func (e *Engine) inspect(ctx context.Context, read bool) (*Report, error) {
 				got = fs
 			}
 		}
-		fr.Services, fr.Unclaimed = joinFrontends(f.view().Services, targets, nodeIP, skipped, got, read && fr.Error == "")
+		fr.Services, fr.Unclaimed = joinFrontends(f.view().Services, targets, opts, skipped, got, read && fr.Error == "")
 		r.Families = append(r.Families, fr)
 	}
 	return r, nil
@@ -451,7 +476,7 @@ func (e *Engine) inspect(ctx context.Context, read bool) (*Report, error) {
 // frontend with the read ones that match it; the read ones nothing
 // matched are returned apart.
 func joinFrontends(services map[model.ServicePortName]*model.ServicePort, targets map[model.ServicePortName]*Targets,
-	nodeIP netip.Addr, skipped map[model.ServicePortName]error, got []Frontend, read bool) ([]ServiceReport, []FrontendJSON) {
+	opts WantOptions, skipped map[model.ServicePortName]error, got []Frontend, read bool) ([]ServiceReport, []FrontendJSON) {
 	// Index what was read: by address, protocol and port, and node ports
 	// (zero Addr) by protocol and port.
 	type key struct {
@@ -509,7 +534,7 @@ func joinFrontends(services map[model.ServicePortName]*model.ServicePort, target
 		if sp.SessionAffinity {
 			sr.Affinity = sp.AffinityTimeout.String()
 		}
-		kinds, wants := WantFrontends(sp, t, nodeIP)
+		kinds, wants := WantFrontends(sp, t, opts)
 		for i, w := range wants {
 			fr := FrontendReport{Kind: kinds[i], Want: w.JSON(), Read: read}
 			var idx []int

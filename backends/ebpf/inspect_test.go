@@ -246,7 +246,7 @@ func TestInspectAgreesWithWant(t *testing.T) {
 					if err := st.admit(c.sp.Name, s, &Config{MaxServices: 100, MaxBackends: 100, MaxMaglevTables: 100}, f); err != nil {
 						t.Fatal(err)
 					}
-					kinds[c.sp.Name], want[c.sp.Name] = proxier.WantFrontends(c.sp, tg, netip.Addr{})
+					kinds[c.sp.Name], want[c.sp.Name] = proxier.WantFrontends(c.sp, tg, proxier.WantOptions{})
 					packet = append(packet, want[c.sp.Name]...)
 				}
 				tb := tablesOf(f, st, 1021)
@@ -359,7 +359,7 @@ func inspectKernel(t *testing.T, f model.IPFamily, socketOnly bool) {
 	got := byKey(t, fs)
 	n := 0
 	for i, c := range cases {
-		kinds, want := proxier.WantFrontends(c.sp, svcs[i].Targets, netip.Addr{})
+		kinds, want := proxier.WantFrontends(c.sp, svcs[i].Targets, proxier.WantOptions{})
 		for j, w := range want {
 			g, ok := got[w.Key()]
 			d := "not read"

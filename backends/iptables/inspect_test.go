@@ -351,7 +351,7 @@ func TestInspectRoundTrip(t *testing.T) {
 					byKey[g.Key()] = g
 				}
 				for _, s := range svcs {
-					kinds, wants := proxier.WantFrontends(s.Port, s.Targets, nodeIP)
+					kinds, wants := proxier.WantFrontends(s.Port, s.Targets, proxier.WantOptions{NodeIP: nodeIP})
 					for i, w := range wants {
 						g, ok := byKey[w.Key()]
 						delete(byKey, w.Key())

@@ -207,18 +207,17 @@ func TestInspectFrontends(t *testing.T) {
 }
 
 // TestInspectAgainstWant sets the frontends read beside those
-// proxier.WantFrontends asks for: they agree, but for the documented
-// difference of IPVS (docs/KUBE-PROXY-DIFFERENCES.md): with
+// proxier.WantFrontends asks for without the short circuit (the
+// documented difference of IPVS, docs/KUBE-PROXY-DIFFERENCES.md: with
 // externalTrafficPolicy Local the external virtual servers hold the local
-// endpoints for every source, so pods and the node do not reach the
-// remote ones (no short circuit).
+// endpoints for every source): they agree.
 func TestInspectAgainstWant(t *testing.T) {
 	cfg := Config{}.WithDefaults()
 	r := inspectRenderer()
 	svcs := inspectServices()
 	got := newFakeKernel(t, r, &cfg, svcs).read(t)
 	for _, s := range svcs {
-		kinds, wants := proxier.WantFrontends(s.Port, s.Targets, r.nodeIP)
+		kinds, wants := proxier.WantFrontends(s.Port, s.Targets, proxier.WantOptions{NodeIP: r.nodeIP, NoShortCircuit: true})
 		for i, w := range wants {
 			at := w
 			if kinds[i] == proxier.KindNodePort {
@@ -230,12 +229,8 @@ func TestInspectAgainstWant(t *testing.T) {
 				t.Errorf("%s %s: not read", s.Port.Name, key)
 				continue
 			}
-			wantDiff := ""
-			if s.Port.ExternalLocal() && kinds[i] != proxier.KindClusterIP {
-				wantDiff = "some-sources endpoints -10.244.2.2:8080"
-			}
-			if d := w.Diff(g); d != wantDiff {
-				t.Errorf("%s %s %s: diff %q, want %q", s.Port.Name, kinds[i], key, d, wantDiff)
+			if d := w.Diff(g); d != "" {
+				t.Errorf("%s %s %s: diff %q", s.Port.Name, kinds[i], key, d)
 			}
 		}
 	}

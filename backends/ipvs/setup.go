@@ -151,6 +151,14 @@ func (b *backend) Name() string { return "ipvs" }
 // Family returns the backend's IP family.
 func (b *backend) Family() model.IPFamily { return b.fi.fam }
 
+// WithoutShortCircuit marks the backend as [proxier.WithoutShortCircuit]:
+// the virtual servers of the external addresses of a service with
+// externalTrafficPolicy Local hold the local endpoints for every source,
+// pods and the node included, as in kube-proxy's ipvs mode.
+func (b *backend) WithoutShortCircuit() {}
+
+var _ proxier.WithoutShortCircuit = (*backend)(nil)
+
 // sysctls are the settings IPVS needs in the namespace (they apply to
 // both families).
 func (b *backend) sysctls() [][2]string {

@@ -196,7 +196,7 @@ func (e *env) flushWithin(timeout time.Duration) {
 		if err != nil {
 			e.t.Fatalf("Flush: %v", err)
 		}
-		e.checkInspected(in)
+		e.checkInspected(in, timeout)
 	case err := <-in.done:
 		in.running = false
 		e.t.Fatalf("Run returned before Flush did: %v", err)

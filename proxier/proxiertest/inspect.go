@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -13,14 +14,15 @@ import (
 // programmed, that the kernel holds every frontend of the desired state as
 // it should ([proxier.Frontend.Diff]) and none that nothing asks for.
 // Service ports the backend reported it could not program are left out.
-// A backend without [proxier.Inspector] is not checked.
-func (e *env) checkInspected(in *instance) {
+// A backend without [proxier.Inspector] is not checked. Inspect waits
+// for a running sync, and gets timeout besides.
+func (e *env) checkInspected(in *instance, timeout time.Duration) {
 	e.t.Helper()
 	p, ok := in.p.(proxier.Reporter)
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	r, err := p.Inspect(ctx)
 	if errors.Is(err, proxier.ErrClosed) {
