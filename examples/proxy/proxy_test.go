@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -100,12 +101,17 @@ func get(t *testing.T, url string) (int, string) {
 // one with its own options (a cgroup of the test's own, a pin path).
 func TestProxy(t *testing.T) {
 	sandbox.RequirePrivilege(t)
-	for _, backend := range []string{"nftables", "ebpf"} {
+	// ipvs needs a kernel with IPVS: on a host without, it skips (the
+	// CI runs it in hack/vmtest.sh's VM).
+	for _, backend := range []string{"nftables", "ebpf", "ipvs"} {
 		t.Run(backend, func(t *testing.T) { testProxy(t, backend) })
 	}
 }
 
 func testProxy(t *testing.T, backend string) {
+	if backend == "ipvs" {
+		requireIPVS(t)
+	}
 	tp, err := sandbox.New(t.Context(), sandbox.Options{Node1Pods: 1, Node2Pods: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +148,8 @@ conntrack:
 nftables:
   minSyncPeriod: 50ms
 iptables:
+  minSyncPeriod: 50ms
+ipvs:
   minSyncPeriod: 50ms
 `, backend, strings.Join(cidrs, ","), freePort(t), freePort(t)))
 	args := []string{"--config", file, "--hostname-override", tp.Node1.Name, "--netns", tp.Node1.NetNSPath()}
@@ -348,6 +356,20 @@ conntrack:
 	}
 	if rules, err := tp.Node1.Exec(ctx, "nft", "list", "ruleset"); err != nil || strings.TrimSpace(rules) != "" {
 		t.Errorf("--dry-run programmed node1 (%v):\n%s", err, rules)
+	}
+}
+
+// requireIPVS skips the test on a kernel without IPVS, unless
+// PROXYKIT_REQUIRE_IPVS=1 (set by hack/vmtest.sh's VM, whose kernel has
+// it) makes that a failure.
+func requireIPVS(t *testing.T) {
+	t.Helper()
+	_ = exec.Command("modprobe", "ip_vs").Run()
+	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+		if os.Getenv("PROXYKIT_REQUIRE_IPVS") == "1" {
+			t.Fatalf("this kernel has no IPVS (%v), and PROXYKIT_REQUIRE_IPVS=1", err)
+		}
+		t.Skipf("this kernel has no IPVS (%v): run it in a VM with hack/vmtest.sh ./examples/proxy/ -- -run 'TestProxy$/ipvs'", err)
 	}
 }
 
