@@ -38,11 +38,30 @@ func write(rep *Report, o Options) error {
 		}
 	}
 	if o.Out != "" {
-		if err := os.WriteFile(o.Out, []byte(markdown(rep, o)), 0o644); err != nil {
+		old, err := os.ReadFile(o.Out)
+		if err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		if err := os.WriteFile(o.Out, []byte(keepHandWritten(markdown(rep, o), string(old))), 0o644); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// handWritten marks where the hand-written sections of the report begin
+// (figures of tests the tool does not run): everything from this line on
+// is kept when the report is written again.
+const handWritten = "<!-- hand-written sections: proxykit-bench keeps everything from this line on -->"
+
+// keepHandWritten returns the report md followed by the hand-written
+// sections of the previous report old, if it had any.
+func keepHandWritten(md, old string) string {
+	i := strings.Index(old, handWritten)
+	if i < 0 {
+		return md
+	}
+	return strings.TrimRight(md, "\n") + "\n\n" + old[i:]
 }
 
 // rewrite writes the report and the plots again from a results file,
