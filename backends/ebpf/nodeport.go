@@ -26,9 +26,10 @@ type nsfeKey struct {
 }
 
 type nsfeVal struct {
-	ID    uint32
-	Count uint32
-	Flags uint32
+	ID          uint32
+	Count       uint32
+	Flags       uint32
+	AffinitySec uint32
 }
 
 // Flags of nsfeVal.
@@ -156,6 +157,7 @@ func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
 			gn := groupName{name, role.external}
 			seen[gn] = true
 			v := t.renderGroup(st, t.group(gn, role.eps), role.eps)
+			v.AffinitySec = affinitySec(sp)
 			if role.external && sp.ExternalLocal() {
 				v.Flags |= nsfeLocal
 			}

@@ -19,6 +19,7 @@ const (
 	nodeportMapPkIfaddr    = "pk_ifaddr"
 	nodeportMapPkNode4     = "pk_node4"
 	nodeportMapPkNode6     = "pk_node6"
+	nodeportMapPkNsaff     = "pk_nsaff"
 	nodeportMapPkNsbe      = "pk_nsbe"
 	nodeportMapPkNsct      = "pk_nsct"
 	nodeportMapPkNsfe      = "pk_nsfe"
@@ -82,6 +83,7 @@ type nodeportMapSpecs struct {
 	PkIfaddr *ebpf.MapSpec `ebpf:"pk_ifaddr"`
 	PkNode4  *ebpf.MapSpec `ebpf:"pk_node4"`
 	PkNode6  *ebpf.MapSpec `ebpf:"pk_node6"`
+	PkNsaff  *ebpf.MapSpec `ebpf:"pk_nsaff"`
 	PkNsbe   *ebpf.MapSpec `ebpf:"pk_nsbe"`
 	PkNsct   *ebpf.MapSpec `ebpf:"pk_nsct"`
 	PkNsfe   *ebpf.MapSpec `ebpf:"pk_nsfe"`
@@ -119,6 +121,7 @@ type nodeportMaps struct {
 	PkIfaddr *ebpf.Map `ebpf:"pk_ifaddr"`
 	PkNode4  *ebpf.Map `ebpf:"pk_node4"`
 	PkNode6  *ebpf.Map `ebpf:"pk_node6"`
+	PkNsaff  *ebpf.Map `ebpf:"pk_nsaff"`
 	PkNsbe   *ebpf.Map `ebpf:"pk_nsbe"`
 	PkNsct   *ebpf.Map `ebpf:"pk_nsct"`
 	PkNsfe   *ebpf.Map `ebpf:"pk_nsfe"`
@@ -130,6 +133,7 @@ func (m *nodeportMaps) Close() error {
 		m.PkIfaddr,
 		m.PkNode4,
 		m.PkNode6,
+		m.PkNsaff,
 		m.PkNsbe,
 		m.PkNsct,
 		m.PkNsfe,

@@ -61,6 +61,7 @@ const (
 	mapNSCt   = "pk_nsct"
 	mapNSRev  = "pk_nsrev"
 	mapIfAddr = "pk_ifaddr"
+	mapNSAff  = "pk_nsaff"
 )
 
 // tcFilterPriority and tcFilterHandle identify the cls_bpf filters of
@@ -176,6 +177,7 @@ func (p *tcPlane) load(dp *dataplane) error {
 		mapNSBe:  nfam * p.cfg.MaxBackends,
 		mapNSCt:  p.cfg.MaxSockets,
 		mapNSRev: p.cfg.MaxSockets,
+		mapNSAff: nfam * p.cfg.MaxAffinity,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)

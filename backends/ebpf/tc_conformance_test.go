@@ -18,12 +18,10 @@ func TestConformanceTC(t *testing.T) {
 // missing.
 func tcSkips() map[string]string {
 	const (
-		sctp     = "SCTP at tc: bpf/nodeport.c handles TCP and UDP only (and the socket hooks never see SCTP)"
-		reject   = "ICMP reject at tc: a frontend without endpoints drops its packets (pk_tc_ext), where kube-proxy rejects them with ICMP port unreachable"
-		ranges   = "loadBalancerSourceRanges at tc: load-balancer IPs with source ranges are not programmed at tc yet (no source range map)"
-		affinity = "session affinity at tc: bpf/nodeport.c picks at random per flow (no affinity map), and Inspect reads no affinity"
-		pinning  = "pinning at tc: the tc links and the conntrack maps are not pinned, so Close detaches the programs and a new proxier starts with empty conntrack"
-		podFE    = "frontends on pod interfaces: pk_tc_pod only translates replies, so a pod socket that is not translated at connect (connected before the service or its endpoints existed) reaches no frontend"
+		sctp    = "SCTP at tc: bpf/nodeport.c handles TCP and UDP only (and the socket hooks never see SCTP)"
+		reject  = "ICMP reject at tc: a frontend without endpoints drops its packets (pk_tc_ext), where kube-proxy rejects them with ICMP port unreachable"
+		ranges  = "loadBalancerSourceRanges at tc: load-balancer IPs with source ranges are not programmed at tc yet (no source range map)"
+		pinning = "pinning at tc: the tc links and the conntrack maps are not pinned, so Close detaches the programs and a new proxier starts with empty conntrack"
 	)
 	return map[string]string{
 		"ClusterIP-SCTPInitDelivery-FromNode":   sctp,
@@ -36,13 +34,8 @@ func tcSkips() map[string]string {
 		"LoadBalancerSourceRanges-Allow":        ranges,
 		"LoadBalancerSourceRanges-Deny":         ranges,
 		"LoadBalancerSourceRanges-NodeTraffic":  ranges,
-		"SessionAffinity-Sticks":                affinity,
-		"SessionAffinity-Timeout":               affinity,
-		"SessionAffinity-TurnedOff":             affinity,
-		"Coexistence":                           affinity + " (the case's other service has affinity)",
+		"UDP-StaleConntrackAfterEndpointChange": reject + " (the case starts without endpoints; once they exist, its UDP clients follow the endpoint changes at tc)",
 		"Restart-EstablishedTCPSurvives":        pinning,
 		"Restart-NewConnectionsSurvive":         pinning,
-		"UDP-StaleConntrackAfterEndpointChange": podFE + "; " + reject,
-		"TCP-ConnectBeforeService":              podFE,
 	}
 }

@@ -39,7 +39,7 @@ func (st *nsState) frontends() []proxier.Frontend {
 		if !ok {
 			continue
 		}
-		f := proxier.Frontend{Protocol: proto, Port: port16(k.Port)}
+		f := proxier.Frontend{Protocol: proto, Port: port16(k.Port), Affinity: v.AffinitySec > 0}
 		if a := netip.AddrFrom16(k.Addr).Unmap(); !a.IsUnspecified() {
 			f.Addr = a
 		}
@@ -60,6 +60,9 @@ func (st *nsState) frontends() []proxier.Frontend {
 		f.Detail = fmt.Sprintf("%s group %#x, %d slots, random", mapNSFe, v.ID, v.Count)
 		if v.Flags&nsfeLocal != 0 {
 			f.Detail += ", externalTrafficPolicy Local (no SNAT)"
+		}
+		if v.AffinitySec > 0 {
+			f.Detail += fmt.Sprintf(", affinity %ds", v.AffinitySec)
 		}
 		if missing > 0 {
 			f.Detail += fmt.Sprintf(", %d slots missing", missing)

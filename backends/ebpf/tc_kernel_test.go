@@ -215,10 +215,26 @@ func testTCNorthSouth(t *testing.T, f model.IPFamily, legacy bool) {
 		x.silent(proto, ap(ext, 30091))
 		x.silent(proto, ap(ext, 30092))
 	}
-	// An endpoint change reaches the tc maps at the next sync.
-	svcs[0] = svcs[0].WithTargets(x.localEps(8080, x.p12), x.localEps(8080, x.p12), true)
-	x.sync(svcs, svcs[0].Port.Name)
+	// An endpoint change reaches the tc maps at the next sync; a UDP
+	// client that keeps its source port follows it (its tracked flow
+	// to the removed endpoint is dropped).
+	u, err := x.client.UDPSocket(ap(ext, 30080))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if r := u.Query(2 * time.Second); r.Outcome != testnet.Answered {
+		t.Fatalf("client UDP socket -> node port: %v", r)
+	}
+	only12 := x.localEps(8080, x.p12)
+	const npTCP, npUDP = 0, 4 // np-tcp and np-udp
+	svcs[npTCP] = svcs[npTCP].WithTargets(only12, only12, true)
+	svcs[npUDP] = svcs[npUDP].WithTargets(only12, only12, true)
+	x.sync(svcs, svcs[npTCP].Port.Name, svcs[npUDP].Port.Name)
 	x.reachesWithSource("tcp", ap(ext, 30080), 8080, 4, x.p12)
+	if r := u.Query(2 * time.Second); r.Outcome != testnet.Answered || r.Server != x.p12.Name {
+		t.Errorf("client UDP socket with a fixed source port -> node port after the endpoint change: %v, want an answer from %s", r, x.p12.Name)
+	}
 	x.noNetfilter()
 	// Without the programs nothing serves the node port: what answered
 	// above was the tc datapath.

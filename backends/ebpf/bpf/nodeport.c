@@ -8,10 +8,10 @@
  * bpf_fib_lookup and bpf_redirect/bpf_redirect_neigh; replies are
  * translated back at the ingress of the interface they arrive on.
  *
- * pk_tc_ext runs at the ingress of the node's external interfaces: it
- * translates replies and new and tracked flows to frontends.
- * pk_tc_pod runs at the ingress of every other interface (the node
- * side of pod veths): it translates replies only.
+ * pk_tc_ext runs at the ingress of the node's external interfaces,
+ * pk_tc_pod at the ingress of every other interface (the node side of
+ * pod veths); both translate replies, tracked flows and new flows to
+ * frontends, and differ in when they SNAT (see frontend).
  *
  * Both families share the maps; IPv4 addresses are IPv4-mapped in the
  * 16-byte fields. Only TCP and UDP, IPv4 without fragments and IPv6
@@ -58,9 +58,10 @@ struct nsfe_key {
 #define NSFE_LOCAL 2
 
 struct nsfe_val {
-	__u32 id;    /* endpoint group: key of pk_nsbe */
-	__u32 count; /* endpoints in slots 0..count-1 */
-	__u32 flags; /* NSFE_* */
+	__u32 id;           /* endpoint group: key of pk_nsbe */
+	__u32 count;        /* endpoints in slots 0..count-1 */
+	__u32 flags;        /* NSFE_* */
+	__u32 affinity_sec; /* ClientIP session affinity timeout, 0 = none */
 };
 
 struct nsbe_key {
@@ -76,6 +77,22 @@ struct nsbe_val {
 	__be16 port;
 	__u16 flags; /* NSBE_* */
 };
+
+/* Session affinity: a client address's endpoint in a group. */
+struct nsaff_key {
+	__be32 client[4];
+	__u32 id;
+	__u32 pad;
+};
+
+struct nsaff_val {
+	__u64 ts; /* bpf_ktime_get_ns of the last new flow */
+	struct nsbe_val ep;
+};
+
+/* How many slots an affinity hit searches for its endpoint (a removal
+ * compacts the slots). */
+#define MAX_AFFINITY_SCAN 64
 
 /* A connection tuple as it is on the wire. */
 struct tuple {
@@ -134,6 +151,13 @@ struct {
 	__type(value, struct nat);
 	__uint(max_entries, 65536); /* Config.MaxSockets */
 } pk_nsrev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nsaff_key);
+	__type(value, struct nsaff_val);
+	__uint(max_entries, 65536); /* Config.MaxAffinity */
+} pk_nsaff SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -451,6 +475,25 @@ static __always_inline void reverse_of(const struct tuple *t, const struct nat *
 	rv->pad = 0;
 }
 
+static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p);
+static __always_inline int still_in(__u32 id, __u32 count, const struct nsbe_val *ep);
+
+/* stale reports whether the UDP flow p, translated to n, goes to an
+ * endpoint that left its frontend (or a frontend that is gone): its
+ * next datagram is a new flow, as kube-proxy's conntrack cleanup makes
+ * it. TCP flows keep their endpoint, as with kube-proxy. */
+static __always_inline int stale(const struct pkt *p, const struct nat *n)
+{
+	if (p->t.proto != IPPROTO_UDP)
+		return 0;
+	struct nsfe_val *fe = lookup_fe(p);
+	if (!fe)
+		return 1;
+	struct nsbe_val ep = { .port = n->dport, .flags = 0 };
+	copy16(ep.addr, n->daddr);
+	return !still_in(fe->id, fe->count, &ep);
+}
+
 /* tracked translates a packet of a flow in pk_nsct, restoring its
  * reverse entry if the LRU evicted it. */
 static __always_inline int tracked(struct __sk_buff *skb, const struct pkt *p)
@@ -463,6 +506,11 @@ static __always_inline int tracked(struct __sk_buff *skb, const struct pkt *p)
 		return -1;
 	struct nat n = *e;
 	reverse_of(&p->t, &n, &rk, &rv);
+	if (stale(p, &n)) {
+		bpf_map_delete_elem(&pk_nsct, &p->t);
+		bpf_map_delete_elem(&pk_nsrev, &rk);
+		return -1;
+	}
 	if (!bpf_map_lookup_elem(&pk_nsrev, &rk))
 		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
 	return translate(skb, p, &n);
@@ -506,8 +554,8 @@ static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p)
 	return bpf_map_lookup_elem(&pk_nsfe, &k);
 }
 
-/* pick returns the endpoint of a new flow to fe. */
-static __always_inline int pick(const struct nsfe_val *fe, struct nsbe_val *out)
+/* pick_random returns a random endpoint of fe's group. */
+static __always_inline int pick_random(const struct nsfe_val *fe, struct nsbe_val *out, __u32 *slot)
 {
 	struct nsbe_key k = { .id = fe->id, .slot = bpf_get_prandom_u32() % fe->count };
 	struct nsbe_val *b = bpf_map_lookup_elem(&pk_nsbe, &k);
@@ -520,6 +568,53 @@ static __always_inline int pick(const struct nsfe_val *fe, struct nsbe_val *out)
 			return -1;
 	}
 	*out = *b;
+	*slot = k.slot;
+	return 0;
+}
+
+static __always_inline int same_ep(const struct nsbe_val *a, const struct nsbe_val *b)
+{
+	return a->port == b->port && same16(a->addr, b->addr);
+}
+
+/* still_in reports whether ep is still one of the first count slots of
+ * group id (looking at up to MAX_AFFINITY_SCAN slots). */
+static __always_inline int still_in(__u32 id, __u32 count, const struct nsbe_val *ep)
+{
+	for (__u32 i = 0; i < MAX_AFFINITY_SCAN; i++) {
+		if (i >= count)
+			break;
+		struct nsbe_key k = { .id = id, .slot = i };
+		struct nsbe_val *b = bpf_map_lookup_elem(&pk_nsbe, &k);
+		if (b && same_ep(b, ep))
+			return 1;
+	}
+	return 0;
+}
+
+/* pick returns the endpoint of a new flow from client to fe: the
+ * client's endpoint of the group while its affinity lasts, else a
+ * random one. */
+static __always_inline int pick(const struct nsfe_val *fe, const __be32 client[4], struct nsbe_val *out)
+{
+	__u32 slot;
+
+	if (!fe->affinity_sec)
+		return pick_random(fe, out, &slot);
+	struct nsaff_key ak = { .client = { client[0], client[1], client[2], client[3] }, .id = fe->id, .pad = 0 };
+	struct nsaff_val *av = bpf_map_lookup_elem(&pk_nsaff, &ak);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 timeout = (__u64)fe->affinity_sec * 1000000000ULL;
+
+	if (av && now - av->ts <= timeout && still_in(fe->id, fe->count, &av->ep)) {
+		av->ts = now;
+		*out = av->ep;
+		return 0;
+	}
+	if (pick_random(fe, out, &slot))
+		return -1;
+	struct nsaff_val nv = { .ts = now, .ep = *out };
+	bpf_map_update_elem(&pk_nsaff, &ak, &nv, BPF_ANY);
 	return 0;
 }
 
@@ -563,8 +658,12 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 	return -1;
 }
 
-/* frontend translates the first packet of a flow to a frontend. */
-static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p)
+/* frontend translates the first packet of a flow to a frontend. From
+ * outside (from_pod 0), a flow to a remote endpoint is SNATed to the
+ * node unless the policy is Local; from a pod (a socket the connect
+ * programs did not translate), only a flow to the pod itself
+ * (hairpin) is. */
+static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p, int from_pod)
 {
 	struct nsfe_val *fe = lookup_fe(p);
 	struct nsbe_val ep;
@@ -575,13 +674,16 @@ static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p)
 		return -1;
 	if (fe->count == 0)
 		return TC_ACT_SHOT;
-	if (pick(fe, &ep))
+	if (pick(fe, p->t.saddr, &ep))
 		return TC_ACT_SHOT;
 	copy16(n.daddr, ep.addr);
 	n.dport = ep.port;
 	copy16(n.saddr, p->t.saddr);
 	n.sport = p->t.sport;
-	snat = !(fe->flags & NSFE_LOCAL) && !(ep.flags & NSBE_LOCAL);
+	if (from_pod)
+		snat = same16(ep.addr, p->t.saddr);
+	else
+		snat = !(fe->flags & NSFE_LOCAL) && !(ep.flags & NSBE_LOCAL);
 	if (snat && snat_addr(skb, p, ep.addr, n.saddr))
 		return TC_ACT_SHOT;
 	if (claim(p, &n, snat))
@@ -589,8 +691,9 @@ static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p)
 	return translate(skb, p, &n);
 }
 
-SEC("tc")
-int pk_tc_ext(struct __sk_buff *skb)
+/* serve translates replies, tracked flows and new flows to frontends;
+ * anything else goes on. */
+static __always_inline int serve(struct __sk_buff *skb, int from_pod)
 {
 	struct pkt p = {};
 	int v;
@@ -601,22 +704,25 @@ int pk_tc_ext(struct __sk_buff *skb)
 		return v;
 	if ((v = tracked(skb, &p)) >= 0)
 		return v;
-	if ((v = frontend(skb, &p)) >= 0)
+	if ((v = frontend(skb, &p, from_pod)) >= 0)
 		return v;
 	return TC_ACT_UNSPEC;
 }
 
+/* pk_tc_ext: the ingress of the node's external interfaces. */
+SEC("tc")
+int pk_tc_ext(struct __sk_buff *skb)
+{
+	return serve(skb, 0);
+}
+
+/* pk_tc_pod: the ingress of every other interface (the node side of
+ * pod veths): replies of flows to pods, and flows of pod sockets that
+ * the connect programs did not translate. */
 SEC("tc")
 int pk_tc_pod(struct __sk_buff *skb)
 {
-	struct pkt p = {};
-	int v;
-
-	if (parse(skb, &p))
-		return TC_ACT_UNSPEC;
-	if ((v = reply(skb, &p)) >= 0)
-		return v;
-	return TC_ACT_UNSPEC;
+	return serve(skb, 1);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
