@@ -66,7 +66,10 @@ func Selector(serviceProxyName string) (labels.Selector, error) {
 
 // Run starts informers on client, delivers their events to p, calls the
 // Synced handlers once the initial lists are in, and blocks until ctx is
-// done. It fails if the caches cannot sync before ctx ends.
+// done. It fails if the caches cannot sync before ctx ends. The objects
+// it delivers are stripped of what no proxier reads (managed fields,
+// owner references, most annotations, the Node's status but its
+// addresses, ...) before they are cached.
 func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cfg Config) error {
 	sel, err := Selector(cfg.ServiceProxyName)
 	if err != nil {
@@ -76,6 +79,12 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
 	svcInf := factory.Core().V1().Services().Informer()
 	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	if err := svcInf.SetTransform(leanService); err != nil {
+		return err
+	}
+	if err := sliceInf.SetTransform(leanSlice); err != nil {
+		return err
+	}
 	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { withService(o, p.OnServiceAdd) },
 		UpdateFunc: func(a, b any) { withServices(a, b, p.OnServiceUpdate) },
@@ -98,6 +107,9 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
 			}))
 		nodeInf := nodeFactory.Core().V1().Nodes().Informer()
+		if err := nodeInf.SetTransform(leanNode); err != nil {
+			return err
+		}
 		if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { withNode(o, cfg.NodeName, p.OnNodeAdd) },
 			UpdateFunc: func(a, b any) { withNodes(a, b, cfg.NodeName, p.OnNodeUpdate) },
