@@ -15,8 +15,9 @@ var _ proxier.Inspector = (*tcBackend)(nil)
 // Inspect implements [proxier.Inspector] for the tc part: it reads the
 // family's frontends and endpoint slots back from pk_nsfe and pk_nsbe.
 // A node port reads as the zero address (every node address in
-// pk_node4/6). A frontend without endpoints reads as "drop": phase 1
-// of the tc datapath drops what kube-proxy rejects.
+// pk_node4/6). A frontend without endpoints reads as "reject" (ICMP
+// port unreachable), or "drop" when the service has endpoints elsewhere
+// (externalTrafficPolicy Local).
 func (t *tcBackend) Inspect(ctx context.Context) ([]proxier.Frontend, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -54,8 +55,11 @@ func (st *nsState) frontends() []proxier.Frontend {
 		}
 		slices.SortFunc(f.Endpoints, netip.AddrPort.Compare)
 		f.Endpoints = slices.Compact(f.Endpoints)
-		if v.Count == 0 {
+		switch {
+		case v.Count == 0 && v.Flags&nsfeDrop != 0:
 			f.Verdict = "drop"
+		case v.Count == 0:
+			f.Verdict = "reject"
 		}
 		f.Detail = fmt.Sprintf("%s group %#x, %d slots, random", mapNSFe, v.ID, v.Count)
 		if v.Flags&nsfeLocal != 0 {

@@ -117,6 +117,21 @@ func (x *tcFixture) silent(proto string, d netip.AddrPort) {
 	}
 }
 
+// rejected requires probes from the client to d to be rejected (ICMP
+// port unreachable).
+func (x *tcFixture) rejected(proto string, d netip.AddrPort) {
+	x.t.Helper()
+	var r testnet.Result
+	if proto == "udp" {
+		r = x.client.UDP(d, 2*time.Second)
+	} else {
+		r = x.client.TCP(d, 2*time.Second)
+	}
+	if !r.Outcome.Rejected() {
+		x.t.Errorf("client -> %s/%s: %v, want a reject", d, proto, r)
+	}
+}
+
 // noNetfilter requires node1's namespace to hold no nftables table and
 // no iptables rule.
 func (x *tcFixture) noNetfilter() {
@@ -156,8 +171,8 @@ func extIP(f model.IPFamily, x byte) netip.Addr {
 // addresses, an external IP and a load-balancer IP: a local endpoint
 // sees the client's address, a remote one node1's; with
 // externalTrafficPolicy Local only the local endpoint answers, seeing
-// the client; Local without a local endpoint, and a service without
-// endpoints, drop. node1 holds no netfilter rule all along. Both attach
+// the client; Local without a local endpoint drops; a service without
+// endpoints rejects (ICMP port unreachable). node1 holds no netfilter rule all along. Both attach
 // paths run: tcx (where the kernel has it) and clsact with cls_bpf.
 func TestTCNorthSouth(t *testing.T) {
 	for _, mode := range []struct {
@@ -213,7 +228,7 @@ func testTCNorthSouth(t *testing.T, f model.IPFamily, legacy bool) {
 		x.reachesWithSource(proto, ap(extIP(f, 20), 80), 8080, 24, x.p11, x.p21)
 		x.reachesWithSource(proto, ap(ext, 30090), 8080, 8, x.p11)
 		x.silent(proto, ap(ext, 30091))
-		x.silent(proto, ap(ext, 30092))
+		x.rejected(proto, ap(ext, 30092))
 	}
 	// An endpoint change reaches the tc maps at the next sync; a UDP
 	// client that keeps its source port follows it (its tracked flow

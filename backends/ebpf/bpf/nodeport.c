@@ -51,7 +51,7 @@ struct nsfe_key {
 
 /* The frontend's endpoints have none on this node although the service
  * has some elsewhere (externalTrafficPolicy Local): drop. Without it,
- * count 0 means no endpoint at all (also dropped for now). */
+ * count 0 means no endpoint at all: reject with ICMP port unreachable. */
 #define NSFE_DROP 1
 /* externalTrafficPolicy Local: never SNAT, the endpoint sees the
  * client. */
@@ -658,6 +658,109 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 	return -1;
 }
 
+#define IPPROTO_ICMP 1
+#define IPPROTO_ICMPV6 58
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PORT_UNREACH 4
+
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 c = (__u32)sum;
+
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	return (__u16)~c;
+}
+
+/* reply_eth turns the Ethernet header around: the reject goes back to
+ * the neighbour the packet came from. */
+static __always_inline int reply_eth(struct __sk_buff *skb, __be16 proto)
+{
+	__u8 mac[12], out[14];
+
+	if (bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)))
+		return -1;
+	__builtin_memcpy(out, mac + 6, 6);
+	__builtin_memcpy(out + 6, mac, 6);
+	__builtin_memcpy(out + 12, &proto, 2);
+	return bpf_skb_store_bytes(skb, 0, out, sizeof(out), 0);
+}
+
+/* reject4 turns an IPv4 packet without options into an ICMP port
+ * unreachable error from its destination to its source, quoting its IP
+ * header and the first 8 bytes of its TCP or UDP header. */
+static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct {
+		__u8 type, code;
+		__sum16 check;
+		__u32 unused;
+		__u32 quote[7]; /* IP header and 8 bytes */
+	} icmp = { .type = ICMP_DEST_UNREACH, .code = ICMP_PORT_UNREACH };
+	struct iphdr4 ip = {
+		.ver_ihl = 0x45,
+		.tot_len = bpf_htons(sizeof(ip) + sizeof(icmp)),
+		.ttl = 64,
+		.proto = IPPROTO_ICMP,
+		.saddr = p->t.daddr[3],
+		.daddr = p->t.saddr[3],
+	};
+
+	if (p->l4off != ETH_HLEN + sizeof(ip))
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, icmp.quote, sizeof(icmp.quote)))
+		return TC_ACT_SHOT;
+	ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+	icmp.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), 0));
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(ip) + sizeof(icmp), 0) ||
+	    reply_eth(skb, bpf_htons(ETH_P_IP)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &icmp, sizeof(icmp), 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ingress_ifindex, 0);
+}
+
+/* reject6 is reject4 for IPv6: ICMPv6 port unreachable, quoting the IPv6
+ * header and the first 8 bytes of the TCP or UDP header. */
+static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct {
+		__u8 type, code;
+		__sum16 check;
+		__u32 unused;
+		__u32 quote[12]; /* IPv6 header and 8 bytes */
+	} icmp = { .type = ICMPV6_DEST_UNREACH, .code = ICMPV6_PORT_UNREACH };
+	struct iphdr6 ip = {
+		.ver_tc_flow = bpf_htonl(0x60000000),
+		.payload_len = bpf_htons(sizeof(icmp)),
+		.nexthdr = IPPROTO_ICMPV6,
+		.hop_limit = 64,
+	};
+	struct {
+		__be32 saddr[4];
+		__be32 daddr[4];
+		__be32 len;
+		__be32 nexthdr;
+	} pseudo = { .len = bpf_htonl(sizeof(icmp)), .nexthdr = bpf_htonl(IPPROTO_ICMPV6) };
+
+	copy16(ip.saddr, p->t.daddr);
+	copy16(ip.daddr, p->t.saddr);
+	copy16(pseudo.saddr, p->t.daddr);
+	copy16(pseudo.daddr, p->t.saddr);
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, icmp.quote, sizeof(icmp.quote)))
+		return TC_ACT_SHOT;
+	__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	icmp.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), sum));
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(ip) + sizeof(icmp), 0) ||
+	    reply_eth(skb, bpf_htons(ETH_P_IPV6)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &icmp, sizeof(icmp), 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ingress_ifindex, 0);
+}
+
 /* frontend translates the first packet of a flow to a frontend. From
  * outside (from_pod 0), a flow to a remote endpoint is SNATed to the
  * node unless the policy is Local; from a pod (a socket the connect
@@ -672,8 +775,10 @@ static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p, 
 
 	if (!fe)
 		return -1;
-	if (fe->count == 0)
+	if (fe->count == 0 && (fe->flags & NSFE_DROP))
 		return TC_ACT_SHOT;
+	if (fe->count == 0)
+		return p->v6 ? reject6(skb, p) : reject4(skb, p);
 	if (pick(fe, p->t.saddr, &ep))
 		return TC_ACT_SHOT;
 	copy16(n.daddr, ep.addr);
