@@ -91,6 +91,21 @@ func kubeProxyPath(t *testing.T) string {
 // examples/proxy. It waits until kube-proxy has synced once.
 func startKubeProxy(t *testing.T, bin string, node *testnet.Node, metrics, healthz string, args ...string) *daemon {
 	t.Helper()
+	d, start := launchKubeProxy(t, bin, node, metrics, healthz, args...)
+	for deadline := time.Now().Add(60 * time.Second); !d.synced(); time.Sleep(50 * time.Millisecond) {
+		if d.exited() || time.Now().After(deadline) {
+			t.Fatalf("kube-proxy did not sync (exit: %v); log:\n%s", d.err, tailFile(d.logPath, 60))
+		}
+	}
+	t.Logf("kube-proxy %s started in %s and synced in %v", strings.Join(args, " "), node.Path(), time.Since(start).Round(time.Millisecond))
+	return d
+}
+
+// launchKubeProxy is startKubeProxy without the wait for the first sync
+// (which takes minutes with 10,000 Services: TestInformerMemoryAtScale
+// waits itself); it returns the daemon and when it was started.
+func launchKubeProxy(t *testing.T, bin string, node *testnet.Node, metrics, healthz string, args ...string) (*daemon, time.Time) {
+	t.Helper()
 	if !strings.HasPrefix(node.Path(), testnet.NetNSDir+"/pk-") || sameNetNS(t, node.Path(), "/proc/self/ns/net") {
 		t.Fatalf("refusing to start kube-proxy: %s is not a sandbox namespace", node.Path())
 	}
@@ -123,13 +138,7 @@ func startKubeProxy(t *testing.T, bin string, node *testnet.Node, metrics, healt
 			t.Logf("end of kube-proxy's log %s:\n%s", d.logPath, tailFile(d.logPath, 60))
 		}
 	})
-	for deadline := time.Now().Add(60 * time.Second); !d.synced(); time.Sleep(50 * time.Millisecond) {
-		if d.exited() || time.Now().After(deadline) {
-			t.Fatalf("kube-proxy did not sync (exit: %v); log:\n%s", d.err, tailFile(d.logPath, 60))
-		}
-	}
-	t.Logf("kube-proxy %s started in %s and synced in %v", strings.Join(args, " "), node.Path(), time.Since(start).Round(time.Millisecond))
-	return d
+	return d, start
 }
 
 // stopKubeProxy sends SIGTERM, which kube-proxy does not handle: being
