@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -39,7 +41,28 @@ const (
 	nsfeDrop = 1
 	// nsfeLocal: externalTrafficPolicy Local, never SNAT.
 	nsfeLocal = 2
+	// nsfeRanges: a load-balancer IP with source ranges (pk_nsrange).
+	nsfeRanges = 4
 )
+
+// nsrangeKey is a key of pk_nsrange: a source prefix admitted to the
+// load-balancer IPs of group ID. Prefixlen counts the id's 32 bits and
+// the address's (IPv4-mapped for IPv4).
+type nsrangeKey struct {
+	Prefixlen uint32
+	ID        uint32
+	Addr      [16]byte
+}
+
+// rangeKey returns the pk_nsrange key of prefix p of group id.
+func rangeKey(id uint32, p netip.Prefix) nsrangeKey {
+	p = p.Masked()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	return nsrangeKey{Prefixlen: 32 + uint32(bits), ID: id, Addr: mapped16(p.Addr())}
+}
 
 type nsbeVal struct {
 	Addr  [16]byte
@@ -89,8 +112,13 @@ type nsGroup struct {
 
 // nsState is the contents of the maps of one family.
 type nsState struct {
-	fes   map[nsfeKey]nsfeVal
-	slots map[beKey]nsbeVal
+	fes    map[nsfeKey]nsfeVal
+	slots  map[beKey]nsbeVal
+	ranges map[nsrangeKey]uint8
+}
+
+func newNSState() *nsState {
+	return &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}, ranges: map[nsrangeKey]uint8{}}
 }
 
 // newTCBackend returns the north-south backend of family on plane,
@@ -137,7 +165,7 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 // req (phase 1: every sync renders every service port; only the
 // difference is written).
 func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
-	st := &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}}
+	st := newNSState()
 	seen := map[groupName]bool{}
 	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
 		sp := req.State.Services[name]
@@ -145,13 +173,13 @@ func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
 		if tg == nil {
 			tg = &proxier.Targets{}
 		}
-		internal, external := tcFrontends(t.family, sp)
+		internal, external, ranged := tcFrontends(t.family, sp)
 		for _, role := range []struct {
 			external bool
 			fes      []nsfeKey
 			eps      []*model.Endpoint
 		}{{false, internal, tg.Internal}, {true, external, tg.External}} {
-			if len(role.fes) == 0 {
+			if len(role.fes) == 0 && (!role.external || len(ranged) == 0) {
 				continue
 			}
 			gn := groupName{name, role.external}
@@ -166,6 +194,24 @@ func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
 			}
 			for _, k := range role.fes {
 				st.fes[k] = v
+			}
+			if !role.external || len(ranged) == 0 {
+				continue
+			}
+			v.Flags |= nsfeRanges
+			for _, k := range ranged {
+				st.fes[k] = v
+			}
+			for _, r := range sp.LoadBalancerSourceRanges {
+				if r.IsValid() && t.family.Contains(r.Addr()) {
+					st.ranges[rangeKey(v.ID, r)] = 0
+				}
+			}
+			// kube-proxy admits the load-balancer IPs themselves as
+			// sources (a node reaching its VIP from the VIP).
+			for _, k := range ranged {
+				a := netip.AddrFrom16(k.Addr).Unmap()
+				st.ranges[rangeKey(v.ID, netip.PrefixFrom(a, a.BitLen()))] = 0
 			}
 		}
 	}
@@ -214,14 +260,14 @@ func (t *tcBackend) group(gn groupName, eps []*model.Endpoint) *nsGroup {
 
 // tcFrontends returns the frontends of sp served at tc, for TCP and
 // UDP: the cluster IP (internal: packets that reach the node for it
-// from outside, which no socket program saw) and the node port on every
+// from outside, which no socket program saw), the node port on every
 // node address, external IPs and load-balancer IPs of the family
-// (external). Load-balancer IPs with source ranges are left out (phase
-// 1: the ranges are not enforced at tc yet).
-func tcFrontends(f model.IPFamily, sp *model.ServicePort) (internal, external []nsfeKey) {
+// (external), and apart the load-balancer IPs with source ranges
+// (ranged, which serve the external endpoints too).
+func tcFrontends(f model.IPFamily, sp *model.ServicePort) (internal, external, ranged []nsfeKey) {
 	proto := protoNumber(sp.Protocol)
 	if proto == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	key := func(a netip.Addr, port uint16) nsfeKey {
 		return nsfeKey{Addr: mapped16(a), Port: be16(port), Proto: proto}
@@ -237,19 +283,22 @@ func tcFrontends(f model.IPFamily, sp *model.ServicePort) (internal, external []
 			external = append(external, key(ip.Unmap(), sp.Port))
 		}
 	}
-	if len(sp.LoadBalancerSourceRanges) == 0 {
-		for _, ip := range sp.LoadBalancerIPs {
-			if f.Contains(ip) {
-				external = append(external, key(ip.Unmap(), sp.Port))
-			}
+	for _, ip := range sp.LoadBalancerIPs {
+		if !f.Contains(ip) {
+			continue
+		}
+		if len(sp.LoadBalancerSourceRanges) > 0 {
+			ranged = append(ranged, key(ip.Unmap(), sp.Port))
+		} else {
+			external = append(external, key(ip.Unmap(), sp.Port))
 		}
 	}
-	return internal, external
+	return internal, external, ranged
 }
 
 // readKernel reads the entries of the backend's family from the maps.
 func (t *tcBackend) readKernel() (*nsState, error) {
-	st := &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}}
+	st := newNSState()
 	err := readAll(t.plane.objs.PkNsfe, func(k nsfeKey, v nsfeVal) {
 		if familyOf(k.Addr) == t.family {
 			st.fes[k] = v
@@ -262,10 +311,30 @@ func (t *tcBackend) readKernel() (*nsState, error) {
 			}
 		})
 	}
+	if err == nil {
+		err = t.readRanges(st)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ebpf: tc: %w", err)
 	}
 	return st, nil
+}
+
+// readRanges reads the family's entries of pk_nsrange (an LPM trie,
+// which has no batch lookup) into st.
+func (t *tcBackend) readRanges(st *nsState) error {
+	var k nsrangeKey
+	var v uint8
+	it := t.plane.objs.PkNsrange.Iterate()
+	for it.Next(&k, &v) {
+		if (k.ID&v6GroupBit != 0) == (t.family == model.IPv6) {
+			st.ranges[k] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", mapNSRange, err)
+	}
+	return nil
 }
 
 // write turns the maps' contents have into want: new slots, then
@@ -274,8 +343,14 @@ func (t *tcBackend) readKernel() (*nsState, error) {
 func (t *tcBackend) write(have, want *nsState) error {
 	putFK, putFV, delF := diffMaps(have.fes, want.fes)
 	putBK, putBV, delB := diffMaps(have.slots, want.slots)
+	putRK, _, delR := diffMaps(have.ranges, want.ranges)
 	o := t.plane.objs
 	err := batchPut(o.PkNsbe, putBK, putBV)
+	if err == nil {
+		// Ranges before the frontends that check them, so that no
+		// source is refused while they are written.
+		err = putEach(o.PkNsrange, putRK)
+	}
 	if err == nil {
 		err = batchPut(o.PkNsfe, putFK, putFV)
 	}
@@ -284,6 +359,9 @@ func (t *tcBackend) write(have, want *nsState) error {
 	}
 	if err == nil {
 		err = batchDel(o.PkNsbe, delB)
+	}
+	if err == nil {
+		err = delEach(o.PkNsrange, delR)
 	}
 	if err != nil {
 		return fmt.Errorf("ebpf: tc: %w", err)
@@ -310,6 +388,26 @@ func diffMaps[K comparable, V comparable](have, want map[K]V) (putK []K, putV []
 	return putK, putV, del
 }
 
+// putEach and delEach write and delete entries one by one, for maps
+// without batch operations (LPM tries).
+func putEach[K any](m *ebpf.Map, keys []K) error {
+	for _, k := range keys {
+		if err := m.Put(k, uint8(0)); err != nil {
+			return fmt.Errorf("update %s: %w", mapName(m), err)
+		}
+	}
+	return nil
+}
+
+func delEach[K any](m *ebpf.Map, keys []K) error {
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", mapName(m), err)
+		}
+	}
+	return nil
+}
+
 // Cleanup detaches the tc programs and removes the family's frontends
 // and slots.
 func (t *tcBackend) Cleanup(ctx context.Context) error {
@@ -322,7 +420,7 @@ func (t *tcBackend) Cleanup(ctx context.Context) error {
 	err := t.plane.cleanup()
 	have, rerr := t.readKernel()
 	if rerr == nil {
-		rerr = t.write(have, &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}})
+		rerr = t.write(have, newNSState())
 	}
 	t.st = nil
 	clear(t.groups)

@@ -23,6 +23,7 @@ const (
 	nodeportMapPkNsbe      = "pk_nsbe"
 	nodeportMapPkNsct      = "pk_nsct"
 	nodeportMapPkNsfe      = "pk_nsfe"
+	nodeportMapPkNsrange   = "pk_nsrange"
 	nodeportMapPkNsrev     = "pk_nsrev"
 	nodeportProgPkTcExt    = "pk_tc_ext"
 	nodeportProgPkTcPod    = "pk_tc_pod"
@@ -80,14 +81,15 @@ type nodeportProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportMapSpecs struct {
-	PkIfaddr *ebpf.MapSpec `ebpf:"pk_ifaddr"`
-	PkNode4  *ebpf.MapSpec `ebpf:"pk_node4"`
-	PkNode6  *ebpf.MapSpec `ebpf:"pk_node6"`
-	PkNsaff  *ebpf.MapSpec `ebpf:"pk_nsaff"`
-	PkNsbe   *ebpf.MapSpec `ebpf:"pk_nsbe"`
-	PkNsct   *ebpf.MapSpec `ebpf:"pk_nsct"`
-	PkNsfe   *ebpf.MapSpec `ebpf:"pk_nsfe"`
-	PkNsrev  *ebpf.MapSpec `ebpf:"pk_nsrev"`
+	PkIfaddr  *ebpf.MapSpec `ebpf:"pk_ifaddr"`
+	PkNode4   *ebpf.MapSpec `ebpf:"pk_node4"`
+	PkNode6   *ebpf.MapSpec `ebpf:"pk_node6"`
+	PkNsaff   *ebpf.MapSpec `ebpf:"pk_nsaff"`
+	PkNsbe    *ebpf.MapSpec `ebpf:"pk_nsbe"`
+	PkNsct    *ebpf.MapSpec `ebpf:"pk_nsct"`
+	PkNsfe    *ebpf.MapSpec `ebpf:"pk_nsfe"`
+	PkNsrange *ebpf.MapSpec `ebpf:"pk_nsrange"`
+	PkNsrev   *ebpf.MapSpec `ebpf:"pk_nsrev"`
 }
 
 // nodeportVariableSpecs contains global variables before they are loaded into the kernel.
@@ -118,14 +120,15 @@ func (o *nodeportObjects) Close() error {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportMaps struct {
-	PkIfaddr *ebpf.Map `ebpf:"pk_ifaddr"`
-	PkNode4  *ebpf.Map `ebpf:"pk_node4"`
-	PkNode6  *ebpf.Map `ebpf:"pk_node6"`
-	PkNsaff  *ebpf.Map `ebpf:"pk_nsaff"`
-	PkNsbe   *ebpf.Map `ebpf:"pk_nsbe"`
-	PkNsct   *ebpf.Map `ebpf:"pk_nsct"`
-	PkNsfe   *ebpf.Map `ebpf:"pk_nsfe"`
-	PkNsrev  *ebpf.Map `ebpf:"pk_nsrev"`
+	PkIfaddr  *ebpf.Map `ebpf:"pk_ifaddr"`
+	PkNode4   *ebpf.Map `ebpf:"pk_node4"`
+	PkNode6   *ebpf.Map `ebpf:"pk_node6"`
+	PkNsaff   *ebpf.Map `ebpf:"pk_nsaff"`
+	PkNsbe    *ebpf.Map `ebpf:"pk_nsbe"`
+	PkNsct    *ebpf.Map `ebpf:"pk_nsct"`
+	PkNsfe    *ebpf.Map `ebpf:"pk_nsfe"`
+	PkNsrange *ebpf.Map `ebpf:"pk_nsrange"`
+	PkNsrev   *ebpf.Map `ebpf:"pk_nsrev"`
 }
 
 func (m *nodeportMaps) Close() error {
@@ -137,6 +140,7 @@ func (m *nodeportMaps) Close() error {
 		m.PkNsbe,
 		m.PkNsct,
 		m.PkNsfe,
+		m.PkNsrange,
 		m.PkNsrev,
 	)
 }

@@ -56,12 +56,13 @@ func (c *Config) checkNorthSouth() error {
 
 // Map names of bpf/nodeport.c.
 const (
-	mapNSFe   = "pk_nsfe"
-	mapNSBe   = "pk_nsbe"
-	mapNSCt   = "pk_nsct"
-	mapNSRev  = "pk_nsrev"
-	mapIfAddr = "pk_ifaddr"
-	mapNSAff  = "pk_nsaff"
+	mapNSFe    = "pk_nsfe"
+	mapNSBe    = "pk_nsbe"
+	mapNSCt    = "pk_nsct"
+	mapNSRev   = "pk_nsrev"
+	mapIfAddr  = "pk_ifaddr"
+	mapNSAff   = "pk_nsaff"
+	mapNSRange = "pk_nsrange"
 )
 
 // tcFilterPriority and tcFilterHandle identify the cls_bpf filters of

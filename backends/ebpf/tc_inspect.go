@@ -32,6 +32,24 @@ func (t *tcBackend) Inspect(ctx context.Context) ([]proxier.Frontend, error) {
 	return st.frontends(), nil
 }
 
+// sourceRanges returns the source ranges of group id.
+func (st *nsState) sourceRanges(id uint32) []netip.Prefix {
+	var out []netip.Prefix
+	for k := range st.ranges {
+		if k.ID != id {
+			continue
+		}
+		a := netip.AddrFrom16(k.Addr)
+		bits := int(k.Prefixlen) - 32
+		if a.Is4In6() {
+			a, bits = a.Unmap(), bits-96
+		}
+		out = append(out, netip.PrefixFrom(a, bits))
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
 // frontends decodes the frontends of st.
 func (st *nsState) frontends() []proxier.Frontend {
 	out := make([]proxier.Frontend, 0, len(st.fes))
@@ -67,6 +85,13 @@ func (st *nsState) frontends() []proxier.Frontend {
 		}
 		if v.AffinitySec > 0 {
 			f.Detail += fmt.Sprintf(", affinity %ds", v.AffinitySec)
+		}
+		if v.Flags&nsfeRanges != 0 {
+			f.SourceRanges = st.sourceRanges(v.ID)
+			if f.SourceRanges == nil {
+				f.SourceRanges = []netip.Prefix{}
+			}
+			f.Detail += fmt.Sprintf(", source ranges in %s", mapNSRange)
 		}
 		if missing > 0 {
 			f.Detail += fmt.Sprintf(", %d slots missing", missing)

