@@ -60,12 +60,29 @@
 //
 // # North-south: nftables
 //
-// Unless Config.SocketOnly is set, every family backend also drives an
-// nftables backend (table Config.TableName, "proxykit-ebpf") with the
-// same requests. It serves node ports, external and load-balancer IPs
-// from outside the node, source ranges, SCTP, and any socket the programs
-// do not translate; for sockets they do translate it sees only
-// endpoint-addressed packets, which it leaves alone.
+// Unless Config.SocketOnly is set (or Config.NorthSouth is tc, below),
+// every family backend also drives an nftables backend (table
+// Config.TableName, "proxykit-ebpf") with the same requests. It serves
+// node ports, external and load-balancer IPs from outside the node,
+// source ranges, SCTP, and any socket the programs do not translate;
+// for sockets they do translate it sees only endpoint-addressed
+// packets, which it leaves alone.
+//
+// # North-south: tc
+//
+// With Config.NorthSouth set to [NorthSouthTC] there is no nftables
+// table and no netfilter rule: tc programs (bpf/nodeport.c) on the
+// ingress of every Ethernet interface of the node's namespace serve
+// node ports, external and load-balancer IPs (and cluster IPs reached
+// as packets): frontend lookup, source ranges, endpoint pick (random,
+// or the client's with session affinity), DNAT, SNAT to the node for a
+// remote endpoint with externalTrafficPolicy Cluster, connection
+// tracking and reverse NAT in LRU maps, forwarding with bpf_fib_lookup
+// and bpf_redirect_neigh, ICMP port unreachable for services without
+// endpoints, drop for Local without a local endpoint. Programs attach
+// with tcx links (kernel 6.6+) or a clsact qdisc and a cls_bpf filter.
+// See README.md for what is not there yet (SCTP, the node's own output
+// path, pinning across restarts).
 //
 // # Lifetimes and contracts
 //
