@@ -59,7 +59,11 @@ func childMain() bool {
 	case roleLoad:
 		err = loadChild(in)
 	default:
-		err = fmt.Errorf("unknown child role %q", role)
+		if f, ok := datapathRoles[role]; ok {
+			err = f(in)
+		} else {
+			err = fmt.Errorf("unknown child role %q", role)
+		}
 	}
 	if err != nil {
 		json.NewEncoder(os.Stdout).Encode(childResult{Error: err.Error()})
@@ -80,12 +84,17 @@ type proxierParams struct {
 	Changes   int
 	ChangesMS int64
 	IPTMode   string
+	// EBPF sets fields of ebpf.Config by name (data-path mode).
+	EBPF map[string]string `json:",omitempty"`
 }
 
 // childResult is a child's output line.
 type childResult struct {
-	Error       string  `json:",omitempty"`
-	Unsupported string  `json:",omitempty"`
+	Error       string `json:",omitempty"`
+	Unsupported string `json:",omitempty"`
+	// Unavailable says the backend lacks an option a data-path path
+	// asks for (a Config field, or a value New refuses).
+	Unavailable string  `json:",omitempty"`
 	FeedSeconds float64 `json:",omitempty"`
 	SyncSeconds float64 `json:",omitempty"`
 	// ChangesNS are the endpoint change latencies.
@@ -100,6 +109,9 @@ type childResult struct {
 	// ConnectNS and FirstByteNS are the connect child's timings.
 	ConnectNS   []int64 `json:",omitempty"`
 	FirstByteNS []int64 `json:",omitempty"`
+	// CRR and UDP are the data-path children's runs.
+	CRR *crrResult `json:",omitempty"`
+	UDP *udpResult `json:",omitempty"`
 }
 
 func readParams(in *bufio.Reader, v any) error {
@@ -133,6 +145,9 @@ func newProxier(p proxierParams, cfg proxier.Config) (proxier.Proxier, error) {
 			// One table per endpoint group: every service has its own.
 			c.Scheduler = proxier.SchedulerMaglev
 			c.MaxMaglevTables = max(ebpf.DefaultMaxMaglevTables, roundPow2(p.Size.Services+64))
+		}
+		if err := setConfigFields(&c, p.EBPF); err != nil {
+			return nil, err
 		}
 		return ebpf.New(c)
 	case "ipvs":

@@ -26,7 +26,7 @@ func main() {
 		return
 	}
 	o := defaultOptions()
-	var backends, refs, sizes string
+	var backends, refs, sizes, paths string
 	var smoke bool
 	flag.StringVar(&backends, "backends", strings.Join(o.Backends, ","), "proxykit backends to measure: "+strings.Join(backendNames, ", ")+" (iptables is the host's flavour)")
 	flag.StringVar(&refs, "references", strings.Join(o.References, ","), "kube-proxy references to measure: "+strings.Join(referenceNames, ", "))
@@ -42,6 +42,16 @@ func main() {
 	flag.StringVar(&o.Note, "note", "", "a remark on the machine's conditions for the report, e.g. other load")
 	flag.BoolVar(&smoke, "smoke", false, "smoke run: 100x10 only, few changes and connections, report in a temporary directory unless --out/--plots are given")
 	flag.BoolVar(&o.Verbose, "v", false, "pass the children's logs through")
+	flag.BoolVar(&o.Datapath, "datapath", false, "data-path mode: TCP_CRR and UDP packets/s from a client through node1's node port to an endpoint on node2, for --paths at --sizes (default "+formatSizes(datapathSizes)+")")
+	flag.StringVar(&paths, "paths", strings.Join(o.Paths, ","), "data paths to measure with --datapath: "+strings.Join(dpPathNames(), ", "))
+	flag.DurationVar(&o.DPRun, "run", o.DPRun, "with --datapath: timed window of each TCP_CRR and UDP run")
+	flag.DurationVar(&o.DPWarmup, "warmup", o.DPWarmup, "with --datapath: untimed start of each run")
+	flag.IntVar(&o.DPRepeat, "repeat", o.DPRepeat, "with --datapath: rounds over the paths (the report shows medians)")
+	flag.IntVar(&o.DPClients, "clients", o.DPClients, "with --datapath: concurrent TCP_CRR clients")
+	flag.IntVar(&o.DPServerThreads, "server-threads", o.DPServerThreads, "with --datapath: accepting threads of the TCP_CRR server")
+	flag.IntVar(&o.DPFlows, "flows", o.DPFlows, "with --datapath: UDP source ports the sender cycles through (rounded up to a multiple of 64)")
+	flag.IntVar(&o.DPSenderCPU, "sender-cpu", o.DPSenderCPU, "with --datapath: CPU the UDP sender is pinned to (negative: not pinned)")
+	flag.BoolVar(&o.DPNAPI, "napi", o.DPNAPI, "with --datapath: node1 receives from the client with threaded NAPI (in a kernel thread, not in the sender's system calls)")
 	from := flag.String("from", "", "measure nothing: write the report and the plots again from this results.json")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage, from the repository's root:\n\n\t%s && %s [flags]\n\n", buildCommand, runCommand)
@@ -54,9 +64,42 @@ func main() {
 	}
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.Datapath {
+		if !set["sizes"] {
+			sizes = formatSizes(datapathSizes)
+		}
+		if !set["time-limit"] {
+			o.TimeLimit = datapathTimeLimit
+		}
+		if smoke {
+			s := o
+			datapathSmoke(&s)
+			if !set["sizes"] {
+				sizes = formatSizes(s.Sizes)
+			}
+			if !set["paths"] {
+				paths = strings.Join(s.Paths, ",")
+			}
+			if !set["run"] {
+				o.DPRun = s.DPRun
+			}
+			if !set["warmup"] {
+				o.DPWarmup = s.DPWarmup
+			}
+			if !set["repeat"] {
+				o.DPRepeat = s.DPRepeat
+			}
+			if !set["clients"] {
+				o.DPClients = s.DPClients
+			}
+			if !set["time-limit"] {
+				o.TimeLimit = s.TimeLimit
+			}
+		}
+	}
 	if smoke {
 		s := smokeOptions()
-		if !set["sizes"] {
+		if !set["sizes"] && !o.Datapath {
 			sizes = formatSizes(s.Sizes)
 		}
 		if !set["changes"] {
@@ -82,7 +125,7 @@ func main() {
 	if o.Sizes, err = parseSizes(sizes); err != nil {
 		fatal(err)
 	}
-	o.Backends, o.References = splitList(backends), splitList(refs)
+	o.Backends, o.References, o.Paths = splitList(backends), splitList(refs), splitList(paths)
 	o.Command = buildCommand + " && " + runCommand
 	for _, a := range os.Args[1:] {
 		o.Command += " " + shellQuote(a)
@@ -99,6 +142,19 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	start := time.Now()
+	if o.Datapath {
+		rep, err := runDatapath(ctx, o)
+		stop()
+		if err != nil {
+			fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: data path: %d cases in %v", len(rep.Cases), time.Since(start).Round(time.Second))
+		if o.Out != "" {
+			fmt.Fprintf(os.Stderr, "; report %s", o.Out)
+		}
+		fmt.Fprintln(os.Stderr)
+		return
+	}
 	rep, err := run(ctx, o)
 	stop()
 	if err != nil {

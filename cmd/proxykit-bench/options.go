@@ -78,6 +78,25 @@ type Options struct {
 	Verbose bool
 	// Log receives progress lines.
 	Log io.Writer
+
+	// Datapath runs the data-path mode (datapath.go) instead: Paths at
+	// Sizes, each round a TCP_CRR run and a UDP run of DPRun after
+	// DPWarmup, DPRepeat rounds.
+	Datapath        bool
+	Paths           []string
+	DPRun, DPWarmup time.Duration
+	DPRepeat        int
+	// DPClients are the concurrent TCP_CRR clients, DPServerThreads
+	// the server's accepting threads.
+	DPClients, DPServerThreads int
+	// DPFlows is how many source ports the UDP sender cycles through.
+	DPFlows int
+	// DPSenderCPU pins the UDP sender (negative: not pinned).
+	DPSenderCPU int
+	// DPNAPI makes node1 receive from the client with threaded NAPI:
+	// in a kernel thread of its own rather than in the sender's system
+	// calls.
+	DPNAPI bool
 }
 
 // defaultOptions is the default run, sized so that a 2-core machine
@@ -95,7 +114,37 @@ func defaultOptions() Options {
 		Connects:    1000,
 		Out:         "BENCHMARKS.md",
 		PlotDir:     "docs/bench",
+
+		Paths:           dpPathNames(),
+		DPRun:           5 * time.Second,
+		DPWarmup:        time.Second,
+		DPRepeat:        3,
+		DPClients:       8,
+		DPServerThreads: 4,
+		DPFlows:         256,
+		DPSenderCPU:     0,
+		DPNAPI:          true,
 	}
+}
+
+// datapathSizes are the data-path mode's default sizes. One endpoint per
+// generated service: a packet of the measured service does not depend on
+// the other services' endpoints, and it keeps kube-proxy's layouts
+// loadable at 10,000 services (its nftables layout took minutes at
+// 10,000 × 10 in the scale run).
+var datapathSizes = []Size{{10, 1}, {10000, 1}}
+
+// datapathTimeLimit is the data-path mode's default time budget.
+const datapathTimeLimit = 45 * time.Minute
+
+// datapathSmoke sets the data-path smoke run's scale: 10 services,
+// direct and nftables, one short round.
+func datapathSmoke(o *Options) {
+	o.Sizes = []Size{{10, 1}}
+	o.Paths = []string{"direct", "nftables"}
+	o.DPRun, o.DPWarmup, o.DPRepeat = 300*time.Millisecond, 100*time.Millisecond, 1
+	o.DPClients = 4
+	o.TimeLimit = 2 * time.Minute
 }
 
 // smokeOptions is the smoke run's scale.
@@ -127,6 +176,19 @@ func (o *Options) validate() error {
 	}
 	if o.TimeLimit <= 0 || o.CaseLimit <= 0 {
 		return fmt.Errorf("--time-limit and --case-limit must be positive")
+	}
+	if o.Datapath {
+		for _, p := range o.Paths {
+			if _, ok := dpPathByName(p); !ok {
+				return fmt.Errorf("unknown data path %q (have: %s)", p, strings.Join(dpPathNames(), ", "))
+			}
+		}
+		if len(o.Paths) == 0 {
+			return fmt.Errorf("no data paths")
+		}
+		if o.DPRun <= 0 || o.DPWarmup < 0 || o.DPRepeat < 1 || o.DPClients < 1 || o.DPServerThreads < 1 || o.DPFlows < 1 {
+			return fmt.Errorf("--run, --repeat, --clients, --server-threads and --flows must be positive")
+		}
 	}
 	if o.Log == nil {
 		o.Log = io.Discard

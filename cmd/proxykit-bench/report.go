@@ -42,7 +42,7 @@ func write(rep *Report, o Options) error {
 		if err != nil && !os.IsNotExist(err) {
 			return err
 		}
-		if err := os.WriteFile(o.Out, []byte(keepHandWritten(markdown(rep, o), string(old))), 0o644); err != nil {
+		if err := os.WriteFile(o.Out, []byte(composeReport(markdown(rep, o), "", string(old))), 0o644); err != nil {
 			return err
 		}
 	}
@@ -65,11 +65,24 @@ func keepHandWritten(md, old string) string {
 }
 
 // rewrite writes the report and the plots again from a results file,
-// e.g. after a change of their layout, without measuring anything.
+// e.g. after a change of their layout, without measuring anything: the
+// scale run's results.json or the data-path mode's datapath.json.
 func rewrite(results string, o Options) error {
 	b, err := os.ReadFile(results)
 	if err != nil {
 		return err
+	}
+	var kind struct{ Kind string }
+	json.Unmarshal(b, &kind)
+	if kind.Kind == "datapath" {
+		var rep DatapathReport
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return fmt.Errorf("%s: %w", results, err)
+		}
+		if o.Note != "" {
+			rep.Machine.Note = o.Note
+		}
+		return writeDatapath(&rep, o)
 	}
 	var rep Report
 	if err := json.Unmarshal(b, &rep); err != nil {
@@ -173,7 +186,9 @@ func markdown(rep *Report, o Options) string {
 	p("plotting library; from the repository's root, `%s && %s [flags]`\n", buildCommand, runCommand)
 	p("runs it. `--smoke` runs 100 services only; its test (`go test ./...` in\n")
 	p("`cmd/proxykit-bench`, which `hack/test.sh` runs) does that as root.\n")
-	p("`--from results.json` writes this file and the plots again without measuring.\n\n")
+	p("`--from results.json` writes this file and the plots again without measuring.\n")
+	p("`--datapath` measures packets rather than programming: its figures are in\n")
+	p("[their own section](#%s) below, which the runs above keep.\n\n", datapathAnchor)
 
 	p("## Machine\n\n")
 	p("- Run %s, %s in all.\n", rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Finished.Sub(rep.Started).Round(time.Second))

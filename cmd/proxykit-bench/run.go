@@ -330,7 +330,7 @@ type child struct {
 func (r *runner) startChild(ctx context.Context, role, name string, params any) (*child, error) {
 	cmd := exec.CommandContext(ctx, r.exe)
 	cmd.Env = append(os.Environ(), envChild+"="+role)
-	if role == roleConnect {
+	if role == roleConnect || role == roleCRRClient || role == roleCRRServer || role == roleUDPSender {
 		// No preemption signals in the timed system calls.
 		cmd.Env = append(cmd.Env, "GODEBUG=asyncpreemptoff=1")
 	}

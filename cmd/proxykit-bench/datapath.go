@@ -1,0 +1,735 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/proxykit/proxykit/internal/cgroup2"
+	"github.com/proxykit/proxykit/internal/scale"
+	"github.com/proxykit/proxykit/internal/testnet"
+)
+
+// The data-path mode (--datapath) measures what a packet costs on each
+// path rather than what programming the kernel costs: a client outside
+// the cluster sends traffic to a node port of node1 whose one endpoint
+// is a pod behind node2 (testnet's client — node1 — node2 — pod), with
+// the size's services loaded into node1's dataplane besides.
+//
+//   - TCP_CRR: concurrent clients in the client namespace open a
+//     connection, send a request, read the response and the server's
+//     close, and close; transactions per second and their latency.
+//   - UDP at saturation: an AF_PACKET sender in the client namespace
+//     sends pre-built 60-byte frames at full speed to the node port;
+//     packets per second that reach the endpoint pod, and what node1
+//     did not forward.
+//
+// Every path of a size is set up first and stays up; the runs then go
+// round the paths Repeat times (in a rotating order), so that the
+// machine's other load spreads over every path alike and the ratios
+// compare within the run.
+
+// dpPath is one data path: direct (no service), a proxykit backend with
+// its options, or a kube-proxy layout.
+type dpPath struct {
+	Name, Label string
+	// Backend is the proxykit backend (newProxier's name), empty for
+	// direct and the references.
+	Backend string
+	// EBPF sets fields of ebpf.Config by name, as strings. A field the
+	// Config lacks, or a value New refuses, makes the path "not
+	// available": options still being built are listed here before the
+	// backend has them, and light up when it does.
+	EBPF map[string]string
+	// Ref is a kube-proxy reference.
+	Ref string
+}
+
+// dpPaths are the data paths, in the report's order. Adding one is a
+// line here.
+var dpPaths = []dpPath{
+	{Name: "direct", Label: "direct to the endpoint (no service)"},
+	{Name: "nftables", Label: "nftables", Backend: "nftables"},
+	{Name: "iptables-nft", Label: "iptables (nft)", Backend: "iptables-nft"},
+	{Name: "iptables-legacy", Label: "iptables (legacy)", Backend: "iptables-legacy"},
+	{Name: "ebpf", Label: "ebpf (+ nftables north-south)", Backend: "ebpf"},
+	{Name: "ebpf-tc", Label: "ebpf (tc north-south, SNAT)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc"}},
+	{Name: "ebpf-tc-dsr", Label: "ebpf (tc north-south, DSR)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc", "NorthSouthMode": "dsr"}},
+	{Name: "ebpf-xdp", Label: "ebpf (XDP north-south)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "xdp"}},
+	{Name: refNFT, Label: "kube-proxy nftables (nft -f)", Ref: refNFT},
+	{Name: refIPTablesNFT, Label: "kube-proxy iptables, nft", Ref: refIPTablesNFT},
+	{Name: refIPTablesLegacy, Label: "kube-proxy iptables, legacy", Ref: refIPTablesLegacy},
+}
+
+func dpPathNames() []string {
+	var out []string
+	for _, p := range dpPaths {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+func dpPathByName(name string) (dpPath, bool) {
+	for _, p := range dpPaths {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return dpPath{}, false
+}
+
+// unavailableError says a backend lacks an option a path asks for.
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string { return e.msg }
+
+// setConfigFields sets the named fields of the struct *cfg points to
+// from strings (string, bool and integer kinds, also of named types). A
+// field the struct lacks is an *unavailableError: the option does not
+// exist yet.
+func setConfigFields(cfg any, fields map[string]string) error {
+	v := reflect.ValueOf(cfg).Elem()
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for k := range fields {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		val := fields[name]
+		f := v.FieldByName(name)
+		if !f.IsValid() || !f.CanSet() {
+			return &unavailableError{fmt.Sprintf("%s has no field %s (for %s=%q)", v.Type(), name, name, val)}
+		}
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(val)
+		case reflect.Bool:
+			b, err := strconv.ParseBool(val)
+			if err != nil {
+				return fmt.Errorf("%s.%s: %w", v.Type(), name, err)
+			}
+			f.SetBool(b)
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			n, err := strconv.ParseInt(val, 0, 64)
+			if err != nil {
+				return fmt.Errorf("%s.%s: %w", v.Type(), name, err)
+			}
+			f.SetInt(n)
+		default:
+			return &unavailableError{fmt.Sprintf("%s.%s is a %s, not settable from %q", v.Type(), name, f.Type(), val)}
+		}
+	}
+	return nil
+}
+
+// The measured services: one TCP and one UDP service, each with a node
+// port and one endpoint, the pod behind node2. Their ports are not the
+// testnet servers' (8080-8082, 9000): the pod's TCP port is served by
+// the TCP_CRR server child, and nothing listens on its UDP port (the
+// datagrams are counted at the pod's interface).
+const (
+	dpServicePort = 80
+	dpTCPPort     = 5201
+	dpUDPPort     = 5202
+	dpTCPNodePort = 32080
+	dpUDPNodePort = 32081
+)
+
+type dpService struct {
+	name               string
+	proto              v1.Protocol
+	clusterIP          netip.Addr
+	nodePort, podPort  uint16
+	chainKey, iptProto string
+}
+
+var dpMeasured = []dpService{
+	{name: "dp-tcp", proto: v1.ProtocolTCP, clusterIP: netip.MustParseAddr("10.100.0.20"), nodePort: dpTCPNodePort, podPort: dpTCPPort, chainKey: "BENCHDPTCP", iptProto: "tcp"},
+	{name: "dp-udp", proto: v1.ProtocolUDP, clusterIP: netip.MustParseAddr("10.100.0.21"), nodePort: dpUDPNodePort, podPort: dpUDPPort, chainKey: "BENCHDPUDP", iptProto: "udp"},
+}
+
+// dpFiller returns the size's generated services, without the node
+// ports of the measured ones.
+func dpFiller(sz Size) []scale.Service {
+	svcs := scale.Services(sz.Services, sz.Endpoints)
+	for i := range svcs {
+		if svcs[i].NodePort == dpTCPNodePort || svcs[i].NodePort == dpUDPNodePort {
+			svcs[i].NodePort = 0
+		}
+	}
+	return svcs
+}
+
+// objects returns the measured service's Service and EndpointSlice with
+// endpoint ep on node2.
+func (d dpService) objects(uid int, ep netip.Addr) (*v1.Service, *discoveryv1.EndpointSlice) {
+	s := scale.Service{Name: d.name, ClusterIP: d.clusterIP, NodePort: d.nodePort, Endpoints: []netip.Addr{ep}, EndpointNode: testnet.Node2Name}
+	o := s.Object(uid)
+	o.Spec.Ports[0].Protocol = d.proto
+	o.Spec.Ports[0].TargetPort = intstr.FromInt32(int32(d.podPort))
+	sl := s.Slice(0)
+	proto, port := d.proto, int32(d.podPort)
+	sl.Ports[0].Protocol, sl.Ports[0].Port = &proto, &port
+	return o, sl
+}
+
+// dpKubeProxyNFT returns kube-proxy's nftables rule set for the filler
+// services and the measured ones (same layout as scale.KubeProxyNFT).
+func dpKubeProxyNFT(filler []scale.Service, ep netip.Addr) string {
+	var w strings.Builder
+	w.WriteString(scale.KubeProxyNFT(filler))
+	t := scale.NFTTable
+	for _, d := range dpMeasured {
+		suffix := fmt.Sprintf("%s/%s/%s/%s", scale.Namespace, d.name, d.iptProto, scale.PortName)
+		epc := fmt.Sprintf("endpoint-%s-%s__%s/%d", d.chainKey, suffix, ep, d.podPort)
+		svc := fmt.Sprintf("service-%s-%s", d.chainKey, suffix)
+		ext := fmt.Sprintf("external-%s-%s", d.chainKey, suffix)
+		p := func(format string, args ...any) { fmt.Fprintf(&w, format+"\n", args...) }
+		p("add chain ip %s %s", t, epc)
+		p("add rule ip %s %s ip saddr %s jump mark-for-masquerade", t, epc, ep)
+		p("add rule ip %s %s meta l4proto %s dnat to %s:%d", t, epc, d.iptProto, ep, d.podPort)
+		p("add chain ip %s %s", t, svc)
+		p("add rule ip %s %s ip daddr %s %s dport %d ip saddr != %s jump mark-for-masquerade", t, svc, d.clusterIP, d.iptProto, dpServicePort, scale.ClusterCIDR)
+		p("add rule ip %s %s numgen random mod 1 vmap { 0 : goto %s }", t, svc, epc)
+		p("add element ip %s cluster-ips { %s }", t, d.clusterIP)
+		p("add element ip %s service-ips { %s . %s . %d : goto %s }", t, d.clusterIP, d.iptProto, dpServicePort, svc)
+		p("add chain ip %s %s", t, ext)
+		p("add rule ip %s %s jump mark-for-masquerade", t, ext)
+		p("add rule ip %s %s goto %s", t, ext, svc)
+		p("add element ip %s service-nodeports { %s . %d : goto %s }", t, d.iptProto, d.nodePort, ext)
+	}
+	return w.String()
+}
+
+// dpKubeProxyIPTables returns kube-proxy's iptables rule set for the
+// filler services and the measured ones (same layout as
+// scale.KubeProxyIPTables), the measured services' rules in the middle
+// of KUBE-SERVICES and of KUBE-NODEPORTS, which every new connection to
+// a node port walks.
+func dpKubeProxyIPTables(filler []scale.Service, ep netip.Addr) string {
+	lines := strings.SplitAfter(scale.KubeProxyIPTables(filler), "\n")
+	var decl, svcRules, npRules, rest []string
+	for _, d := range dpMeasured {
+		svc, ext, sep := "KUBE-SVC-"+d.chainKey, "KUBE-EXT-"+d.chainKey, "KUBE-SEP-"+d.chainKey
+		pn := fmt.Sprintf("%s/%s:%s", scale.Namespace, d.name, scale.PortName)
+		m := fmt.Sprintf("-m %s -p %s", d.iptProto, d.iptProto)
+		decl = append(decl, ":"+svc+" - [0:0]\n", ":"+ext+" - [0:0]\n", ":"+sep+" - [0:0]\n")
+		svcRules = append(svcRules, fmt.Sprintf("-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" %s -d %s/32 --dport %d -j %s\n", pn, m, d.clusterIP, dpServicePort, svc))
+		npRules = append(npRules, fmt.Sprintf("-A KUBE-NODEPORTS -m comment --comment %s %s --dport %d -j %s\n", pn, m, d.nodePort, ext))
+		rest = append(rest,
+			fmt.Sprintf("-A %s -m comment --comment \"%s cluster IP\" %s -d %s/32 --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, pn, m, d.clusterIP, dpServicePort, scale.ClusterCIDR),
+			fmt.Sprintf("-A %s -m comment --comment \"%s -> %s:%d\" -j %s\n", svc, pn, ep, d.podPort, sep),
+			fmt.Sprintf("-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", ext, pn),
+			fmt.Sprintf("-A %s -j %s\n", ext, svc),
+			fmt.Sprintf("-A %s -m comment --comment %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, pn, ep),
+			fmt.Sprintf("-A %s -m comment --comment %s %s -j DNAT --to-destination %s:%d\n", sep, pn, m, ep, d.podPort),
+		)
+	}
+	var svcIdx, npIdx []int
+	for i, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "-A KUBE-SERVICES ") && !strings.Contains(l, "-j KUBE-NODEPORTS"):
+			svcIdx = append(svcIdx, i)
+		case strings.HasPrefix(l, "-A KUBE-NODEPORTS "):
+			npIdx = append(npIdx, i)
+		}
+	}
+	mid := func(idx []int, fallback int) int {
+		if len(idx) == 0 {
+			return fallback
+		}
+		return idx[len(idx)/2]
+	}
+	prerouting := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "-A PREROUTING ") })
+	// Lines inserted before line i of the generated rule set: the chain
+	// declarations after "*nat", the jumps in the middle of their
+	// chains, the measured services' own chains before the built-in
+	// chains' jumps at the end.
+	at := map[int][]string{}
+	at[1] = append(at[1], decl...)
+	at[mid(svcIdx, prerouting)] = append(at[mid(svcIdx, prerouting)], svcRules...)
+	at[mid(npIdx, prerouting)] = append(at[mid(npIdx, prerouting)], npRules...)
+	at[prerouting] = append(at[prerouting], rest...)
+	var w strings.Builder
+	for i, l := range lines {
+		for _, x := range at[i] {
+			w.WriteString(x)
+		}
+		w.WriteString(l)
+	}
+	return w.String()
+}
+
+// dpOptions are the data-path mode's options as the report records them.
+type dpOptions struct {
+	Run           time.Duration `json:"run"`
+	Warmup        time.Duration `json:"warmup"`
+	Repeat        int           `json:"repeat"`
+	Clients       int           `json:"clients"`
+	ServerThreads int           `json:"server_threads"`
+	Flows         int           `json:"flows"`
+	NAPI          bool          `json:"napi"`
+	SenderCPU     int           `json:"sender_cpu"`
+}
+
+// DatapathReport is a data-path run.
+type DatapathReport struct {
+	// Kind is "datapath": --from tells the results files apart by it.
+	Kind     string    `json:"kind"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Command  string    `json:"command"`
+	Machine  Machine   `json:"machine"`
+	Options  dpOptions `json:"options"`
+	Cases    []*DPCase `json:"cases"`
+}
+
+// DPCase is one path at one size: its runs, one per round.
+type DPCase struct {
+	Path  string `json:"path"`
+	Label string `json:"label"`
+	Size  Size   `json:"size"`
+	// Status is "ok", "unavailable" (the backend lacks the path's
+	// option), "unsupported" (this machine cannot run it), "cut" or
+	// "error".
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+	// SetupSeconds is the dataplane's first sync (or the reference's
+	// load).
+	SetupSeconds float64      `json:"setup_seconds,omitempty"`
+	TCP          []*crrResult `json:"tcp,omitempty"`
+	UDP          []*udpResult `json:"udp,omitempty"`
+	// Errors are the runs that failed.
+	Errors []string `json:"errors,omitempty"`
+}
+
+func (c *DPCase) ok() bool { return c.Status == "ok" }
+
+// dpLive is a path set up at one size: its namespaces, dataplane and
+// server, kept while the rounds run.
+type dpLive struct {
+	path    dpPath
+	c       *DPCase
+	t       *testnet.Topology
+	proxier *child // nil for direct and the references
+	server  *child
+	cg      string
+	dstTCP  netip.AddrPort
+	dstUDP  netip.AddrPort
+	srcMAC  string
+	dstMAC  string
+}
+
+// runDatapath runs the data-path mode and writes its report.
+func runDatapath(ctx context.Context, o Options) (*DatapathReport, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{o: o, exe: exe, start: time.Now()}
+	r.deadline = r.start.Add(o.TimeLimit)
+	r.iptFlavour = hostIPTablesFlavour()
+	r.cgroup2, _ = cgroup2.Mount()
+	rep := &DatapathReport{Kind: "datapath", Started: r.start, Command: o.Command, Machine: describeMachine()}
+	rep.Options = dpOptions{Run: o.DPRun, Warmup: o.DPWarmup, Repeat: o.DPRepeat, Clients: o.DPClients,
+		ServerThreads: o.DPServerThreads, Flows: o.DPFlows, NAPI: o.DPNAPI, SenderCPU: o.DPSenderCPU}
+	var paths []dpPath
+	for _, n := range o.Paths {
+		p, _ := dpPathByName(n)
+		paths = append(paths, p)
+	}
+	for _, sz := range o.Sizes {
+		var live []*dpLive
+		for _, p := range paths {
+			c := &DPCase{Path: p.Name, Label: p.Label, Size: sz}
+			rep.Cases = append(rep.Cases, c)
+			switch {
+			case ctx.Err() != nil:
+				c.Status, c.Reason = "cut", "interrupted"
+			case time.Until(r.deadline) < o.DPRun*time.Duration(2*o.DPRepeat):
+				c.Status, c.Reason = "cut", fmt.Sprintf("not enough left of --time-limit=%v", o.TimeLimit)
+			default:
+				r.logf("data path %s %s: set-up ...", c.Label, sz)
+				if l := r.dpSetup(ctx, p, c); l != nil {
+					live = append(live, l)
+					r.logf("data path %s %s: set up in %s", c.Label, sz, seconds(c.SetupSeconds))
+					continue
+				}
+			}
+			r.logf("data path %s %s: %s: %s", c.Label, sz, c.Status, c.Reason)
+		}
+		for round := range o.DPRepeat {
+			for i := range live {
+				if ctx.Err() != nil || time.Now().After(r.deadline) {
+					break
+				}
+				l := live[(i+round)%len(live)]
+				r.dpMeasure(ctx, l)
+			}
+		}
+		for _, l := range live {
+			r.dpTeardown(l)
+			c := l.c
+			switch {
+			case len(c.TCP) > 0 || len(c.UDP) > 0:
+				c.Status = "ok"
+			case ctx.Err() != nil:
+				c.Status, c.Reason = "cut", "interrupted"
+			case len(c.Errors) > 0:
+				c.Status, c.Reason = "error", c.Errors[0]
+			default:
+				c.Status, c.Reason = "cut", fmt.Sprintf("stopped at --time-limit=%v", o.TimeLimit)
+			}
+			r.logf("data path %s %s: %s", c.Label, c.Size, c.summary())
+		}
+	}
+	rep.Finished = time.Now()
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
+	rep.Machine.LoadEnd = loadAvg()
+	rep.Machine.Note = o.Note
+	return rep, writeDatapath(rep, o)
+}
+
+// dpSetup builds a path's namespaces, starts the server in the endpoint
+// pod and programs node1. It returns nil, with the case's status set,
+// when the path cannot be measured.
+func (r *runner) dpSetup(ctx context.Context, p dpPath, c *DPCase) *dpLive {
+	switch {
+	case p.Backend != "":
+		if reason := r.backendPrecondition(p.Backend); reason != "" {
+			c.Status, c.Reason = "unsupported", reason
+			return nil
+		}
+	case p.Ref != "":
+		if _, err := exec.LookPath(r.loader(p.Ref).argv[0]); err != nil {
+			c.Status, c.Reason = "unsupported", fmt.Sprintf("no %s installed", r.loader(p.Ref).argv[0])
+			return nil
+		}
+	}
+	cctx, cancel := r.caseContext(ctx)
+	defer cancel()
+	t, err := testnet.Build(testnet.Options{Node1Pods: 1, Node2Pods: 1})
+	if err != nil {
+		c.Status, c.Reason = "error", oneLine(err.Error())
+		return nil
+	}
+	l := &dpLive{path: p, c: c, t: t}
+	ok := false
+	defer func() {
+		if !ok {
+			r.dpTeardown(l)
+		}
+	}()
+	fail := func(err error) *dpLive {
+		switch {
+		case ctx.Err() != nil:
+			c.Status, c.Reason = "cut", "interrupted"
+		case cctx.Err() != nil:
+			c.Status, c.Reason = "cut", "set-up stopped: ran past --time-limit or far past --case-limit"
+		default:
+			c.Status, c.Reason = "error", oneLine(err.Error())
+		}
+		return nil
+	}
+	pod := t.Node2.Pods[0]
+	if p.Name == "direct" {
+		l.dstTCP, l.dstUDP = netip.AddrPortFrom(pod.IPv4, dpTCPPort), netip.AddrPortFrom(pod.IPv4, dpUDPPort)
+	} else {
+		ext := t.Node1.ExternalIPv4
+		l.dstTCP, l.dstUDP = netip.AddrPortFrom(ext, dpTCPNodePort), netip.AddrPortFrom(ext, dpUDPNodePort)
+	}
+	// Many short connections: a wide ephemeral port range.
+	if err := t.Client.SetSysctl("net/ipv4/ip_local_port_range", "10000 65000"); err != nil {
+		return fail(err)
+	}
+	if l.srcMAC, err = macOf(t.Client.NS, "eth0"); err != nil {
+		return fail(err)
+	}
+	if l.dstMAC, err = macOf(t.Node1.NS, "client"); err != nil {
+		return fail(err)
+	}
+	if r.o.DPNAPI {
+		// node1 receives from the client in a kernel thread of its own
+		// (threaded NAPI, which a veth does with GRO on): its whole
+		// receive path (XDP, tc, netfilter, forwarding, and node2's and
+		// the pod's after it) runs there, not in the sender's system
+		// calls, and a full receive ring pushes back on the sender
+		// instead of dropping.
+		if err := setGRO(t.Node1.NS, "client", true); err != nil {
+			return fail(err)
+		}
+		if err := setSysfs(t.Node1.NS, "client", "threaded", "1"); err != nil {
+			return fail(err)
+		}
+	}
+	l.server, err = r.startChild(context.Background(), roleCRRServer, "crr-server", crrServerParams{NetNS: pod.Path(), Port: dpTCPPort, Threads: r.o.DPServerThreads})
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := l.server.read(); err != nil {
+		return fail(fmt.Errorf("server: %w", err))
+	}
+	switch {
+	case p.Backend != "":
+		pp := dpProxierParams{Backend: p.Backend, EBPF: p.EBPF, NetNS: t.Node1.Path(), Size: c.Size, Endpoint: pod.IPv4}
+		switch p.Backend {
+		case "iptables-nft":
+			pp.IPTMode = "nft"
+		case "iptables-legacy":
+			pp.IPTMode = "legacy"
+		case "iptables":
+			pp.IPTMode = r.iptFlavour
+		}
+		if strings.HasPrefix(p.Backend, "ebpf") {
+			l.cg = filepath.Join(r.cgroup2, "proxykit-bench-"+t.ID)
+			if err := os.Mkdir(l.cg, 0o755); err != nil {
+				l.cg = ""
+				return fail(err)
+			}
+			pp.Cgroup = l.cg
+		}
+		// The proxier lives as long as the path: not bound to cctx.
+		l.proxier, err = r.startChild(context.Background(), roleDPProxier, p.Name+" "+c.Size.String(), pp)
+		if err != nil {
+			return fail(err)
+		}
+		res, err := readWithin(cctx, l.proxier)
+		if err != nil {
+			return fail(err)
+		}
+		switch {
+		case res.Unavailable != "":
+			c.Status, c.Reason = "unavailable", oneLine(res.Unavailable)
+			return nil
+		case res.Unsupported != "":
+			c.Status, c.Reason = "unsupported", oneLine(res.Unsupported)
+			return nil
+		}
+		c.SetupSeconds = res.SyncSeconds
+	case p.Ref != "":
+		filler := dpFiller(c.Size)
+		var script string
+		if p.Ref == refNFT {
+			script = dpKubeProxyNFT(filler, pod.IPv4)
+		} else {
+			script = dpKubeProxyIPTables(filler, pod.IPv4)
+		}
+		f, err := os.CreateTemp("", "proxykit-bench-dp-")
+		if err != nil {
+			return fail(err)
+		}
+		defer os.Remove(f.Name())
+		_, err = f.WriteString(script)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fail(err)
+		}
+		d, _, err := r.load(cctx, t.Node1.NS, r.loader(p.Ref), f.Name())
+		if err != nil {
+			return fail(fmt.Errorf("load: %w", err))
+		}
+		c.SetupSeconds = d.Seconds()
+	}
+	ok = true
+	return l
+}
+
+// readWithin reads the child's next result, killing it when ctx ends
+// first.
+func readWithin(ctx context.Context, ch *child) (childResult, error) {
+	type res struct {
+		r   childResult
+		err error
+	}
+	rc := make(chan res, 1)
+	go func() {
+		r, err := ch.read()
+		rc <- res{r, err}
+	}()
+	select {
+	case x := <-rc:
+		return x.r, x.err
+	case <-ctx.Done():
+		ch.kill()
+		<-rc
+		return childResult{}, ctx.Err()
+	}
+}
+
+// macOf returns the hardware address of an interface of a namespace.
+func macOf(ns *testnet.NS, device string) (string, error) {
+	var mac string
+	err := ns.Do(func() error {
+		ifi, err := net.InterfaceByName(device)
+		if err != nil {
+			return err
+		}
+		mac = ifi.HardwareAddr.String()
+		return nil
+	})
+	return mac, err
+}
+
+// dpMeasure makes one round of a path: a TCP_CRR run and a UDP run.
+func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
+	c, t := l.c, l.t
+	bound := r.o.DPWarmup + r.o.DPRun + 30*time.Second
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	ch, err := r.startChild(cctx, roleCRRClient, "crr-client", crrClientParams{
+		NetNS: t.Client.Path(), Dst: l.dstTCP, Clients: r.o.DPClients,
+		WarmupMS: r.o.DPWarmup.Milliseconds(), RunMS: r.o.DPRun.Milliseconds(),
+	})
+	if err == nil {
+		var res childResult
+		if res, err = ch.read(); err == nil {
+			err = ch.wait()
+			c.TCP = append(c.TCP, res.CRR)
+			r.logf("data path %s %s: TCP_CRR %.0f/s, p50 %.0f µs, p99 %.0f µs, %d errors", c.Label, c.Size, res.CRR.PerSec, res.CRR.Latency.Median, res.CRR.Latency.P99, res.CRR.Errors)
+		}
+		ch.kill()
+	}
+	if err != nil {
+		c.Errors = append(c.Errors, oneLine("TCP_CRR: "+err.Error()))
+		r.logf("data path %s %s: TCP_CRR: %v", c.Label, c.Size, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	p := udpSenderParams{
+		NetNS: t.Client.Path(), Device: "eth0", SrcMAC: l.srcMAC, DstMAC: l.dstMAC,
+		Src: t.Client.IPv4, Dst: l.dstUDP, Flows: r.o.DPFlows, CPU: r.o.DPSenderCPU,
+		WarmupMS: r.o.DPWarmup.Milliseconds(), RunMS: r.o.DPRun.Milliseconds(),
+		Counters: []counterRef{
+			{Name: "client", NetNS: t.Client.Path(), Device: "eth0"},
+			{Name: "node1-in", NetNS: t.Node1.Path(), Device: "client"},
+			{Name: "node1-out", NetNS: t.Node1.Path(), Device: testnet.Node2Name},
+			{Name: "endpoint", NetNS: t.Node2.Pods[0].Path(), Device: "eth0"},
+		},
+	}
+	ch, err = r.startChild(cctx, roleUDPSender, "udp-sender", p)
+	if err == nil {
+		var res childResult
+		if res, err = ch.read(); err == nil {
+			err = ch.wait()
+		}
+		ch.kill()
+		if err == nil && res.UDP.Counters["endpoint"].RxPackets == 0 {
+			err = fmt.Errorf("no datagram reached the endpoint (%d sent)", res.UDP.Sent)
+		}
+		if err == nil {
+			c.UDP = append(c.UDP, res.UDP)
+			u := udpFigures(res.UDP)
+			r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop)
+		}
+	}
+	if err != nil {
+		c.Errors = append(c.Errors, oneLine("UDP: "+err.Error()))
+		r.logf("data path %s %s: UDP: %v", c.Label, c.Size, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+}
+
+// dpTeardown stops a path's children and removes its namespaces.
+func (r *runner) dpTeardown(l *dpLive) {
+	if l.proxier != nil {
+		l.proxier.stdin.Write([]byte("done\n"))
+		done := make(chan struct{})
+		go func() {
+			l.proxier.read()
+			l.proxier.wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			l.proxier.kill()
+			<-done
+		}
+	}
+	if l.server != nil {
+		l.server.kill()
+	}
+	r.flushRuleset(l.t)
+	if err := l.t.Close(); err != nil {
+		r.logf("teardown: %v", err)
+	}
+	if l.cg != "" {
+		removeCgroup(l.cg)
+	}
+}
+
+func (c *DPCase) summary() string {
+	if !c.ok() {
+		return c.Status + ": " + c.Reason
+	}
+	f := dpCaseFigures(c)
+	return fmt.Sprintf("TCP_CRR %.0f/s (p50 %.0f µs, p99 %.0f µs), UDP %.0f/s at the endpoint, median of %d/%d runs",
+		f.TCP.PerSec, f.TCP.P50, f.TCP.P99, f.UDP.Endpoint, len(c.TCP), len(c.UDP))
+}
+
+// setGRO turns generic receive offload of a namespace's interface on or
+// off, with the ETHTOOL_SGRO ioctl. On a veth it also switches the
+// receiving side to NAPI, which threaded NAPI needs.
+func setGRO(ns *testnet.NS, device string, on bool) error {
+	return ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		v := struct{ cmd, data uint32 }{cmd: ethtoolSGRO}
+		if on {
+			v.data = 1
+		}
+		var req struct {
+			name [unix.IFNAMSIZ]byte
+			data unsafe.Pointer
+			_    [8]byte
+		}
+		copy(req.name[:], device)
+		req.data = unsafe.Pointer(&v)
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&req))); errno != 0 {
+			return fmt.Errorf("ETHTOOL_SGRO %s: %w", device, errno)
+		}
+		runtime.KeepAlive(&v)
+		return nil
+	})
+}
+
+const ethtoolSGRO = 0x2c
+
+// setSysfs writes a file of /sys/class/net/DEVICE in namespace ns
+// (sysfs shows a namespace's devices only to a sysfs mounted in it,
+// which `ip netns exec` does).
+func setSysfs(ns *testnet.NS, device, file, value string) error {
+	out, err := exec.Command("ip", "netns", "exec", ns.Name(), "sh", "-c",
+		fmt.Sprintf("echo %s > /sys/class/net/%s/%s", value, device, file)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s of %s: %w: %s", file, device, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}

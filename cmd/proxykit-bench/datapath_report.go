@@ -1,0 +1,537 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/proxykit/proxykit/cmd/proxykit-bench/internal/plot"
+)
+
+// Files of the data-path mode, in Options.PlotDir.
+const (
+	datapathJSON   = "datapath.json"
+	plotDPTCP      = "datapath-tcp-crr.svg"
+	plotDPUDP      = "datapath-udp-pps.svg"
+	datapathAnchor = "data-path-throughput"
+)
+
+// datapathMarker begins the data-path section of the report. The
+// report is three parts: the scale run's figures, from the top; the
+// data-path section, from this line; the hand-written sections, from
+// handWritten. Each mode writes its own part and keeps the others.
+const datapathMarker = "<!-- data-path section: written by proxykit-bench --datapath, kept by its other runs -->"
+
+// splitReport returns the generated parts of a report: the scale run's
+// part and the data-path section (from datapathMarker, empty without
+// one), both before the hand-written sections.
+func splitReport(md string) (scaleRun, datapath string) {
+	end := len(md)
+	if i := strings.Index(md, handWritten); i >= 0 {
+		end = i
+	}
+	gen := md[:end]
+	if i := strings.Index(gen, datapathMarker); i >= 0 {
+		return gen[:i], gen[i:]
+	}
+	return gen, ""
+}
+
+// composeReport returns the report with the scale run's part scaleRun
+// and the data-path section datapath; an empty one is taken from the old
+// report, and so are the hand-written sections.
+func composeReport(scaleRun, datapath, old string) string {
+	oldScale, oldDP := splitReport(old)
+	if scaleRun == "" {
+		scaleRun = oldScale
+	}
+	if datapath == "" {
+		datapath = oldDP
+	}
+	if strings.TrimSpace(scaleRun) == "" {
+		scaleRun = "# Benchmarks\n"
+	}
+	md := strings.TrimRight(scaleRun, "\n") + "\n"
+	if strings.TrimSpace(datapath) != "" {
+		md += "\n" + strings.TrimRight(datapath, "\n") + "\n"
+	}
+	return keepHandWritten(md, old)
+}
+
+// writeDatapath writes the data-path results, their plots and their
+// section of the report.
+func writeDatapath(rep *DatapathReport, o Options) error {
+	if o.PlotDir != "" {
+		if err := os.MkdirAll(o.PlotDir, 0o755); err != nil {
+			return err
+		}
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(o.PlotDir, datapathJSON), append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		if err := writeDatapathPlots(rep, o.PlotDir); err != nil {
+			return err
+		}
+	}
+	if o.Out != "" {
+		old, err := os.ReadFile(o.Out)
+		if err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		md := composeReport("", datapathMarkdown(rep, o), string(old))
+		if err := os.WriteFile(o.Out, []byte(md), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// udpFig are the figures of one UDP run, per second.
+type udpFig struct {
+	// Offered is what the client's interface handed to node1's (taken
+	// or dropped at its entry); Forwarded what node1 sent toward
+	// node2; Endpoint what reached the pod.
+	Offered, Forwarded, Endpoint float64
+	// Node1Drop is the share of the offered packets node1 did not
+	// forward: dropped on their way in (a full backlog) or inside it.
+	Node1Drop float64
+}
+
+func udpFigures(u *udpResult) udpFig {
+	if u == nil || u.Seconds <= 0 {
+		return udpFig{}
+	}
+	f := udpFig{
+		Offered:   float64(u.Counters["client"].TxPackets+u.Counters["client"].TxDropped) / u.Seconds,
+		Forwarded: float64(u.Counters["node1-out"].TxPackets) / u.Seconds,
+		Endpoint:  float64(u.Counters["endpoint"].RxPackets) / u.Seconds,
+	}
+	if f.Offered > 0 {
+		f.Node1Drop = max(0, 1-f.Forwarded/f.Offered)
+	}
+	return f
+}
+
+// dpFig are a case's figures: medians over its runs.
+type dpFig struct {
+	TCP struct {
+		PerSec, P50, P99 float64
+		Errors, N        int
+	}
+	UDP struct {
+		udpFig
+		N int
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func dpCaseFigures(c *DPCase) dpFig {
+	var f dpFig
+	var rate, p50, p99 []float64
+	for _, r := range c.TCP {
+		if r == nil {
+			continue
+		}
+		rate, p50, p99 = append(rate, r.PerSec), append(p50, r.Latency.Median), append(p99, r.Latency.P99)
+		f.TCP.Errors += r.Errors
+	}
+	f.TCP.PerSec, f.TCP.P50, f.TCP.P99, f.TCP.N = median(rate), median(p50), median(p99), len(rate)
+	var off, fwd, ep, drop []float64
+	for _, r := range c.UDP {
+		u := udpFigures(r)
+		off, fwd, ep, drop = append(off, u.Offered), append(fwd, u.Forwarded), append(ep, u.Endpoint), append(drop, u.Node1Drop)
+	}
+	f.UDP.Offered, f.UDP.Forwarded, f.UDP.Endpoint, f.UDP.Node1Drop, f.UDP.N = median(off), median(fwd), median(ep), median(drop), len(ep)
+	return f
+}
+
+// dpSizes returns the sizes of the report's cases in run order.
+func dpSizes(rep *DatapathReport) []Size {
+	var out []Size
+	for _, c := range rep.Cases {
+		if !slices.Contains(out, c.Size) {
+			out = append(out, c.Size)
+		}
+	}
+	return out
+}
+
+// dpFind returns the measured case of path at size, or nil.
+func dpFind(rep *DatapathReport, path string, sz Size) *DPCase {
+	for _, c := range rep.Cases {
+		if c.Path == path && c.Size == sz && c.ok() {
+			return c
+		}
+	}
+	return nil
+}
+
+// ratio formats a/b as a multiple, "—" when either is missing.
+func ratio(a, b float64) string {
+	if a <= 0 || b <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+// rate formats a per-second figure.
+func rate(v float64) string {
+	switch {
+	case v <= 0:
+		return "—"
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.0fk", v/1e3)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// datapathMarkdown renders the data-path section.
+func datapathMarkdown(rep *DatapathReport, o Options) string {
+	var w strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
+	m, op := rep.Machine, rep.Options
+	p("%s\n\n", datapathMarker)
+	p("## Data-path throughput\n\n")
+	p("What a packet costs on each path, as opposed to what programming the kernel costs (the\n")
+	p("sections above): a client outside the cluster sends traffic to a node port of node1, whose\n")
+	p("one endpoint is a pod behind node2, with the size's services loaded into node1's dataplane\n")
+	p("besides. Written by `cmd/proxykit-bench --datapath`")
+	if o.PlotDir != "" {
+		p(" (raw figures: [`%s`](%s))", datapathJSON, reportLink(o, datapathJSON))
+	}
+	p(":\n\n    %s\n\n", rep.Command)
+	p("- Run %s, %s in all; %s, %d logical CPUs; kernel %s; %s.\n", rep.Started.UTC().Format("2006-01-02 15:04 MST"),
+		rep.Finished.Sub(rep.Started).Round(time.Second), m.CPU, m.CPUs, m.Kernel, m.Go)
+	p("- Load average (1, 5, 15 min) at the start: %s; at the end: %s.\n", m.LoadStart, m.LoadEnd)
+	if m.Source != "" {
+		p("- Source: `%s` (git describe).\n", m.Source)
+	}
+	if m.Note != "" {
+		p("- %s\n", m.Note)
+	}
+	p("- Each round runs every path once, in a rotating order; %d rounds, each run %v after a %v warm-up;\n", op.Repeat, op.Run, op.Warmup)
+	p("  the tables show medians over the rounds. Ratios compare paths of one size within this run.\n\n")
+
+	var notes []string
+	note := func(s string) int {
+		if i := slices.Index(notes, s); i >= 0 {
+			return i + 1
+		}
+		notes = append(notes, s)
+		return len(notes)
+	}
+	for _, sz := range dpSizes(rep) {
+		direct, nft := dpFind(rep, "direct", sz), dpFind(rep, "nftables", sz)
+		var dTCP, dUDP, nUDP float64
+		if direct != nil {
+			f := dpCaseFigures(direct)
+			dTCP, dUDP = f.TCP.PerSec, f.UDP.Endpoint
+		}
+		if nft != nil {
+			nUDP = dpCaseFigures(nft).UDP.Endpoint
+		}
+		p("### %s services × %d endpoint(s), plus the measured services\n\n", thousands(sz.Services), sz.Endpoints)
+		p("| path | TCP_CRR conn/s | × direct | latency p50 / p99 | UDP pkt/s at the endpoint | × direct | × nftables | node1 drops | offered pkt/s | set-up |\n")
+		p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, c := range rep.Cases {
+			if c.Size != sz {
+				continue
+			}
+			if !c.ok() {
+				what := map[string]string{"unavailable": "not available", "unsupported": "not measured here", "cut": "cut", "error": "failed"}[c.Status]
+				if what == "" {
+					what = "not measured"
+				}
+				p("| %s | %s [%d] | | | | | | | | |\n", c.Label, what, note(c.Reason))
+				continue
+			}
+			f := dpCaseFigures(c)
+			lat := "—"
+			if f.TCP.N > 0 {
+				lat = fmt.Sprintf("%s / %s µs", num(f.TCP.P50), num(f.TCP.P99))
+			}
+			tcp := rate(f.TCP.PerSec)
+			if f.TCP.Errors > 0 {
+				tcp += fmt.Sprintf(" (%d failed)", f.TCP.Errors)
+			}
+			if len(c.Errors) > 0 {
+				tcp += fmt.Sprintf(" [%d]", note(fmt.Sprintf("%s, %s: %d of %d runs failed, the first: %s", c.Label, sz, len(c.Errors), 2*op.Repeat, c.Errors[0])))
+			}
+			drop := "—"
+			if f.UDP.N > 0 {
+				drop = fmt.Sprintf("%.1f%%", 100*f.UDP.Node1Drop)
+			}
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.Label, tcp, ratio(f.TCP.PerSec, dTCP), lat,
+				rate(f.UDP.Endpoint), ratio(f.UDP.Endpoint, dUDP), ratio(f.UDP.Endpoint, nUDP), drop, rate(f.UDP.Offered), seconds(c.SetupSeconds))
+		}
+		p("\n")
+	}
+	sizes := dpSizes(rep)
+	if len(sizes) >= 2 {
+		lo, hi := sizes[0], sizes[len(sizes)-1]
+		p("### From %s to %s services\n\n", thousands(lo.Services), thousands(hi.Services))
+		p("Loss of each path's figure from the smallest to the largest size, as a fraction of direct\n")
+		p("at the same size (the sizes run minutes apart, and direct, which no service touches,\n")
+		p("absorbs the machine's change of load); the raw loss in parentheses. Negative: a gain.\n\n")
+		p("| path | TCP_CRR | UDP pkt/s |\n| --- | ---: | ---: |\n")
+		dl, dh := dpFind(rep, "direct", lo), dpFind(rep, "direct", hi)
+		loss := func(a, b, da, db float64) string {
+			if a <= 0 || b <= 0 {
+				return "—"
+			}
+			raw := 1 - b/a
+			if da <= 0 || db <= 0 {
+				return fmt.Sprintf("(%+.0f%%)", 100*raw)
+			}
+			return fmt.Sprintf("%+.0f%% (%+.0f%%)", 100*(1-(b/db)/(a/da)), 100*raw)
+		}
+		for _, path := range dpCasePaths(rep) {
+			if path == "direct" {
+				continue
+			}
+			a, b := dpFind(rep, path, lo), dpFind(rep, path, hi)
+			if a == nil || b == nil {
+				continue
+			}
+			fa, fb := dpCaseFigures(a), dpCaseFigures(b)
+			var fdl, fdh dpFig
+			if dl != nil && dh != nil {
+				fdl, fdh = dpCaseFigures(dl), dpCaseFigures(dh)
+			}
+			p("| %s | %s | %s |\n", a.Label, loss(fa.TCP.PerSec, fb.TCP.PerSec, fdl.TCP.PerSec, fdh.TCP.PerSec),
+				loss(fa.UDP.Endpoint, fb.UDP.Endpoint, fdl.UDP.Endpoint, fdh.UDP.Endpoint))
+		}
+		p("\n")
+	}
+	dpTargetsMarkdown(&w, rep)
+	if len(notes) > 0 {
+		p("Not measured, or with failures:\n\n")
+		for i, n := range notes {
+			p("%d. %s\n", i+1, n)
+		}
+		p("\n")
+	}
+	if o.PlotDir != "" {
+		for _, f := range []string{plotDPTCP, plotDPUDP} {
+			if _, err := os.Stat(filepath.Join(o.PlotDir, f)); err == nil {
+				p("![%s](%s)\n\n", strings.TrimSuffix(f, ".svg"), reportLink(o, f))
+			}
+		}
+	}
+	p("How it is measured:\n\n")
+	p("- **Topology**: `internal/testnet` with one pod behind each node: client — node1 — node2 —\n")
+	p("  pod, veth pairs, IPv4. node1 holds the path's dataplane; the measured services are a TCP\n")
+	p("  and a UDP service with node ports %d and %d and one endpoint, the pod behind node2\n", dpTCPNodePort, dpUDPNodePort)
+	p("  (externalTrafficPolicy Cluster: node1 translates the destination and masquerades the\n")
+	p("  source). The other services are `internal/scale`'s (every tenth with a node port, their\n")
+	p("  endpoints routed nowhere). **direct** sends to the pod's own address through the same node1\n")
+	p("  without any rule: the ceiling of this machine. The kube-proxy layouts are `internal/scale`'s,\n")
+	p("  loaded with `nft -f` or `iptables-restore`, with the measured services' rules written the\n")
+	p("  same way (in the middle of KUBE-SERVICES and KUBE-NODEPORTS, which iptables walks for\n")
+	p("  every new connection to a node port).\n")
+	p("- **TCP_CRR** (like netperf's): %d concurrent clients in the client namespace, each on its own\n", op.Clients)
+	p("  thread with blocking system calls, open a connection, send %d bytes, read %d bytes and the\n", crrRequestLen, crrRequestLen)
+	p("  server's close, and close; a server in the pod with %d threads (SO_REUSEPORT) accepts, reads,\n", op.ServerThreads)
+	p("  answers and closes first. Connections per second over the timed window; latency is of\n")
+	p("  whole transactions. The clients and the server share the machine's CPUs with the kernel's\n")
+	p("  work, so this is the dataplane's cost per connection diluted by the applications' cost.\n")
+	p("- **UDP at saturation**: a sender in the client namespace (Go, AF_PACKET with\n")
+	p("  PACKET_QDISC_BYPASS, sendmmsg of %d pre-built %d-byte frames, pinned to CPU %d) sends as fast as\n", udpBatch, udpFrameLen, op.SenderCPU)
+	p("  it can to the UDP node port, cycling through %d source ports (flows), so that after the\n", op.Flows)
+	p("  warm-up every packet belongs to a known flow: the steady per-packet cost, not connection\n")
+	p("  set-up. ")
+	if op.NAPI {
+		p("node1 receives from the client with threaded NAPI (GRO on its veth): its whole\n")
+		p("  receive path, and node2's and the pod's after it, runs in a kernel thread of its own, not in\n")
+		p("  the sender's system calls, and a full receive ring makes the sender wait rather than drop\n")
+		p("  (the veth pushes back): the figure is what node1's thread forwards with a CPU to itself, as far\n")
+		p("  as the machine's other load leaves it one. ")
+	} else {
+		p("node1's whole receive path, and node2's and the pod's, runs in the sender's system\n")
+		p("  calls (softirq after each send), so the figure includes the sender's own cost. ")
+	}
+	p("Nothing listens on the\n")
+	p("  pod's port: the datagrams are counted at the pod's interface (packets/s at the endpoint).\n")
+	p("  **offered** is what the client's interface handed to node1's, **node1 drops** the share of it\n")
+	p("  that node1 did not forward toward node2 (dropped at its entry or inside it).\n")
+	p("- The machine is shared with other work (see the load average): compare paths within a size of\n")
+	p("  one run, not figures across runs. eBPF paths whose backend option does not exist yet are\n")
+	p("  listed as not available (the backend's Config lacks the field, or New refuses the value).\n")
+	return w.String()
+}
+
+// reportLink is the path of a file of the plot directory relative to
+// the report.
+func reportLink(o Options, f string) string {
+	rel := o.PlotDir
+	if o.Out != "" && o.PlotDir != "" {
+		if r, err := filepath.Rel(filepath.Dir(o.Out), o.PlotDir); err == nil {
+			rel = filepath.ToSlash(r)
+		}
+	}
+	if rel == "." || rel == "" {
+		return f
+	}
+	return rel + "/" + f
+}
+
+// dpCasePaths returns the paths of the report's cases in run order.
+func dpCasePaths(rep *DatapathReport) []string {
+	var out []string
+	for _, c := range rep.Cases {
+		if !slices.Contains(out, c.Path) {
+			out = append(out, c.Path)
+		}
+	}
+	return out
+}
+
+// writeDatapathPlots draws a bar per path and size: TCP_CRR connections
+// and UDP packets at the endpoint, per second.
+func writeDatapathPlots(rep *DatapathReport, dir string) error {
+	var labels []string
+	var paths []string
+	for _, path := range dpCasePaths(rep) {
+		for _, c := range rep.Cases {
+			if c.Path == path && c.ok() {
+				labels, paths = append(labels, c.Label), append(paths, path)
+				break
+			}
+		}
+	}
+	if len(paths) == 0 {
+		return nil
+	}
+	for _, s := range []struct {
+		file, title, unit string
+		y                 func(dpFig) float64
+	}{
+		{plotDPTCP, "TCP_CRR through a node port to an endpoint on another node", "connections per second",
+			func(f dpFig) float64 { return f.TCP.PerSec }},
+		{plotDPUDP, "UDP at saturation through a node port: packets at the endpoint", "packets per second",
+			func(f dpFig) float64 { return f.UDP.Endpoint }},
+	} {
+		ch := plot.BarChart{Title: s.title, ValueLabel: s.unit, Categories: labels}
+		for _, sz := range dpSizes(rep) {
+			bs := plot.BarSeries{Name: thousands(sz.Services) + " services"}
+			any := false
+			for _, path := range paths {
+				v := math.NaN()
+				if c := dpFind(rep, path, sz); c != nil {
+					if y := s.y(dpCaseFigures(c)); y > 0 {
+						v, any = y, true
+					}
+				}
+				bs.Values = append(bs.Values, v)
+			}
+			if any {
+				ch.Series = append(ch.Series, bs)
+			}
+		}
+		if len(ch.Series) == 0 {
+			continue
+		}
+		if err := plot.BarsSVG(filepath.Join(dir, s.file), ch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dpTarget is one target of issue #21: a path's figure at least Min
+// times another path's at the same size.
+type dpTarget struct {
+	Path, Of string // the path and the one it is compared with
+	UDP      bool   // UDP packets at the endpoint, else TCP_CRR connections
+	Min      float64
+}
+
+var dpTargets = []dpTarget{
+	{Path: "ebpf-tc", Of: "nftables", UDP: true, Min: 1.3},
+	{Path: "ebpf-tc-dsr", Of: "nftables", UDP: true, Min: 1.3},
+	{Path: "ebpf-xdp", Of: "nftables", UDP: true, Min: 2},
+	{Path: "ebpf-tc", Of: "direct", Min: 0.9},
+	{Path: "ebpf-tc-dsr", Of: "direct", Min: 0.9},
+	{Path: "ebpf-xdp", Of: "direct", Min: 0.9},
+}
+
+// dpTargetsMarkdown writes the table of the targets of issue #21 for
+// the paths the run included.
+func dpTargetsMarkdown(w *strings.Builder, rep *DatapathReport) {
+	paths, sizes := dpCasePaths(rep), dpSizes(rep)
+	var rows []dpTarget
+	for _, t := range dpTargets {
+		if slices.Contains(paths, t.Path) {
+			rows = append(rows, t)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "### Targets of #21\n\n| target |")
+	for _, sz := range sizes {
+		fmt.Fprintf(w, " %s services |", thousands(sz.Services))
+	}
+	fmt.Fprintf(w, "\n| --- |%s\n", strings.Repeat(" ---: |", len(sizes)))
+	for _, t := range rows {
+		what := "TCP_CRR conn/s"
+		if t.UDP {
+			what = "UDP pkt/s"
+		}
+		label := t.Path
+		if p, ok := dpPathByName(t.Path); ok {
+			label = p.Label
+		}
+		fmt.Fprintf(w, "| %s: %s ≥ %.1f× %s |", label, what, t.Min, t.Of)
+		for _, sz := range sizes {
+			cell := "not measured"
+			for _, c := range rep.Cases {
+				if c.Path == t.Path && c.Size == sz && !c.ok() {
+					cell = map[string]string{"unavailable": "not available", "unsupported": "not supported here", "cut": "cut", "error": "failed"}[c.Status]
+				}
+			}
+			a, b := dpFind(rep, t.Path, sz), dpFind(rep, t.Of, sz)
+			if a != nil && b != nil {
+				fa, fb := dpCaseFigures(a), dpCaseFigures(b)
+				x, y := fa.TCP.PerSec, fb.TCP.PerSec
+				if t.UDP {
+					x, y = fa.UDP.Endpoint, fb.UDP.Endpoint
+				}
+				if x > 0 && y > 0 {
+					met := "not met"
+					if x/y >= t.Min {
+						met = "met"
+					}
+					cell = fmt.Sprintf("%.2f×, %s", x/y, met)
+				}
+			}
+			fmt.Fprintf(w, " %s |", cell)
+		}
+		fmt.Fprintf(w, "\n")
+	}
+	fmt.Fprintf(w, "\nThe issue also asks that no backend but iptables lose more than 10%% from 10 to 10,000\n")
+	fmt.Fprintf(w, "services: the table above.\n\n")
+}

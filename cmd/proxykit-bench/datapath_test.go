@@ -1,0 +1,172 @@
+package main
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/proxykit/proxykit/internal/testnet"
+)
+
+// TestDatapathSmoke runs the data-path mode at 10 services for direct,
+// nftables and a path whose option the eBPF backend lacks, with tiny
+// runs, and checks that every figure was measured, the unavailable path
+// reported as such, and the report section written between the scale
+// run's part and the hand-written sections of an existing report. It
+// asserts no rate.
+func TestDatapathSmoke(t *testing.T) {
+	testnet.RequireRoot(t)
+	testnet.RequireCommand(t, "nft")
+	testnet.RequireCommand(t, "ip")
+	o := defaultOptions()
+	o.Datapath = true
+	datapathSmoke(&o)
+	o.Paths = append(o.Paths, "ebpf-tc-dsr")
+	dir := t.TempDir()
+	o.Out, o.PlotDir = filepath.Join(dir, "BENCHMARKS.md"), dir
+	old := "# Benchmarks\n\nscale figures\n\n" + datapathMarker + "\n\nold data path\n\n" + handWritten + "\n\nby hand\n"
+	if err := os.WriteFile(o.Out, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o.Command = buildCommand + " && " + runCommand + " --datapath --smoke"
+	o.Log = logWriter{t}
+	rep, err := runDatapath(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Cases) != 3 {
+		t.Fatalf("%d cases, want 3", len(rep.Cases))
+	}
+	for _, c := range rep.Cases {
+		if c.Path == "ebpf-tc-dsr" {
+			if c.Status != "unavailable" && c.Status != "ok" && c.Status != "unsupported" {
+				t.Errorf("%s: %s: %s", c.Label, c.Status, c.Reason)
+			}
+			continue
+		}
+		if !c.ok() || len(c.Errors) > 0 {
+			t.Errorf("%s: %s: %s %v", c.Label, c.Status, c.Reason, c.Errors)
+			continue
+		}
+		f := dpCaseFigures(c)
+		if f.TCP.N != 1 || f.TCP.PerSec <= 0 || f.TCP.P50 <= 0 {
+			t.Errorf("%s: TCP_CRR %+v", c.Label, f.TCP)
+		}
+		if f.UDP.N != 1 || f.UDP.Endpoint <= 0 || f.UDP.Offered <= 0 {
+			t.Errorf("%s: UDP %+v", c.Label, f.UDP)
+		}
+	}
+	md, err := os.ReadFile(o.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(md)
+	for _, want := range []string{"scale figures", "## Data-path throughput", "| nftables |", "direct to the endpoint", o.Command, "by hand", datapathJSON} {
+		if !strings.Contains(s, want) {
+			t.Errorf("report lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "old data path") {
+		t.Errorf("the old data-path section was kept:\n%s", s)
+	}
+	if i, j := strings.Index(s, "## Data-path"), strings.Index(s, handWritten); i < 0 || j < i || strings.Index(s, "scale figures") > i {
+		t.Errorf("sections out of order:\n%s", s)
+	}
+	for _, f := range []string{datapathJSON, plotDPTCP, plotDPUDP} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestComposeReport(t *testing.T) {
+	old := "# scale\n\n" + datapathMarker + "\n## dp\n\n" + handWritten + "\nhand\n"
+	got := composeReport("# scale 2\n", "", old)
+	if want := "# scale 2\n\n" + datapathMarker + "\n## dp\n\n" + handWritten + "\nhand\n"; got != want {
+		t.Errorf("scale run: got %q, want %q", got, want)
+	}
+	got = composeReport("", datapathMarker+"\n## dp 2\n", old)
+	if want := "# scale\n\n" + datapathMarker + "\n## dp 2\n\n" + handWritten + "\nhand\n"; got != want {
+		t.Errorf("data path: got %q, want %q", got, want)
+	}
+	got = composeReport("", datapathMarker+"\n## dp\n", "")
+	if want := "# Benchmarks\n\n" + datapathMarker + "\n## dp\n"; got != want {
+		t.Errorf("no old report: got %q, want %q", got, want)
+	}
+	// A report of before the data-path mode: the scale part is kept.
+	got = composeReport("", datapathMarker+"\n## dp\n", "# scale\n\n"+handWritten+"\nhand\n")
+	if want := "# scale\n\n" + datapathMarker + "\n## dp\n\n" + handWritten + "\nhand\n"; got != want {
+		t.Errorf("old report without a data-path section: got %q, want %q", got, want)
+	}
+}
+
+func TestSetConfigFields(t *testing.T) {
+	type kind string
+	var c struct {
+		Mode  kind
+		On    bool
+		N     int
+		inner string
+	}
+	if err := setConfigFields(&c, map[string]string{"Mode": "tc", "On": "true", "N": "7"}); err != nil || c.Mode != "tc" || !c.On || c.N != 7 {
+		t.Errorf("got %+v, %v", c, err)
+	}
+	for _, f := range []map[string]string{{"Missing": "x"}, {"inner": "x"}} {
+		err := setConfigFields(&c, f)
+		if _, ok := err.(*unavailableError); !ok {
+			t.Errorf("%v: error %v, want an unavailableError", f, err)
+		}
+	}
+}
+
+func TestUDPFrames(t *testing.T) {
+	src, _ := net.ParseMAC("02:00:00:00:00:01")
+	dst, _ := net.ParseMAC("02:00:00:00:00:02")
+	fs := udpFrames(src, dst, netip.MustParseAddr("198.51.100.2"), netip.MustParseAddrPort("198.51.100.1:32081"), 3)
+	if len(fs) != 3 {
+		t.Fatalf("%d frames", len(fs))
+	}
+	f := fs[2]
+	if len(f) != udpFrameLen || f[23] != 17 || f[36] != 0x7d || f[37] != 0x51 || f[34] != 0x27 || f[35] != 0x12 {
+		t.Errorf("frame % x", f)
+	}
+	if ipChecksum(f[14:34]) != 0 { // a header with its checksum sums to zero
+		t.Errorf("IPv4 header checksum wrong: % x", f[14:34])
+	}
+}
+
+func TestKubeProxyLayouts(t *testing.T) {
+	filler := dpFiller(Size{30000, 1})
+	for _, s := range filler {
+		if s.NodePort == dpTCPNodePort || s.NodePort == dpUDPNodePort {
+			t.Fatalf("filler service %s has a measured node port", s.Name)
+		}
+	}
+	ep := netip.MustParseAddr("10.244.2.2")
+	ipt := dpKubeProxyIPTables(dpFiller(Size{100, 1}), ep)
+	lines := strings.Split(ipt, "\n")
+	idx := func(sub string) int {
+		for i, l := range lines {
+			if strings.Contains(l, sub) {
+				return i
+			}
+		}
+		return -1
+	}
+	decl, np, last := idx(":KUBE-SVC-BENCHDPUDP"), idx("-A KUBE-NODEPORTS -m comment --comment bench/dp-udp:http -m udp -p udp --dport 32081"), idx("--dst-type LOCAL -j KUBE-NODEPORTS")
+	if decl < 1 || np < 0 || last < 0 || np > idx("-A PREROUTING") {
+		t.Errorf("iptables layout: declaration at %d, node port rule at %d:\n%.3000s", decl, np, ipt)
+	}
+	if first := idx("-A KUBE-NODEPORTS"); first >= np {
+		t.Errorf("the measured node port is first in KUBE-NODEPORTS, want the middle")
+	}
+	nft := dpKubeProxyNFT(dpFiller(Size{10, 1}), ep)
+	for _, want := range []string{"meta l4proto udp dnat to 10.244.2.2:5202", "service-nodeports { udp . 32081 : goto external-BENCHDPUDP-"} {
+		if !strings.Contains(nft, want) {
+			t.Errorf("nftables layout lacks %q", want)
+		}
+	}
+}
