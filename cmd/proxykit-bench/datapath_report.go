@@ -359,7 +359,11 @@ func datapathMarkdown(rep *DatapathReport, o Options) string {
 	p("  whole transactions. The clients and the server share the machine's CPUs with the kernel's\n")
 	p("  work, so this is the dataplane's cost per connection diluted by the applications' cost.\n")
 	p("- **UDP at saturation**: a sender in the client namespace (Go, AF_PACKET with\n")
-	p("  PACKET_QDISC_BYPASS, sendmmsg of %d pre-built %d-byte frames, pinned to CPU %d) sends as fast as\n", udpBatch, udpFrameLen, op.SenderCPU)
+	pin := "not pinned"
+	if op.SenderCPU >= 0 {
+		pin = fmt.Sprintf("pinned to CPU %d", op.SenderCPU)
+	}
+	p("  PACKET_QDISC_BYPASS, sendmmsg of %d pre-built %d-byte frames, %s) sends as fast as\n", udpBatch, udpFrameLen, pin)
 	p("  it can to the UDP node port, cycling through %d source ports (flows), so that after the\n", op.Flows)
 	p("  warm-up every packet belongs to a known flow: the steady per-packet cost, not connection\n")
 	p("  set-up. ")
