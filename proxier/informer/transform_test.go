@@ -46,6 +46,7 @@ func TestLeanObjectsGiveTheSameState(t *testing.T) {
 			Ports:                 []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(8080), NodePort: 30080}},
 			ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: 32000,
 			SessionAffinity: v1.ServiceAffinityClientIP, ExternalIPs: []string{"203.0.113.5"},
+			Selector: map[string]string{"app": "web", "tier": "front"},
 		},
 		Status: v1.ServiceStatus{
 			LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{{IP: "203.0.113.7", IPMode: ptr.To(v1.LoadBalancerIPModeVIP), Ports: []v1.PortStatus{{Port: 80}}}}},
@@ -85,11 +86,97 @@ func TestLeanObjectsGiveTheSameState(t *testing.T) {
 	if len(want.Services) != 1 || len(want.Endpoints) != 1 {
 		t.Fatalf("the sample gives no state: %+v", want)
 	}
-	if lean.ManagedFields != nil || lean.OwnerReferences != nil || lean.Finalizers != nil || len(lean.Annotations) != 2 || lean.Status.Conditions != nil {
-		t.Errorf("Service not stripped: %+v", lean.ObjectMeta)
+	if lean.ManagedFields != nil || lean.OwnerReferences != nil || lean.Finalizers != nil || len(lean.Annotations) != 2 || lean.Status.Conditions != nil ||
+		lean.Labels != nil || lean.Spec.Selector != nil {
+		t.Errorf("Service not stripped: %+v %+v", lean.ObjectMeta, lean.Spec)
 	}
-	if ep := leanS.Endpoints[0]; ep.TargetRef != nil || ep.Hostname != nil || ep.DeprecatedTopology != nil || len(leanS.Annotations) != 1 {
+	if ep := leanS.Endpoints[0]; ep.TargetRef != nil || ep.Hostname != nil || ep.DeprecatedTopology != nil || len(leanS.Annotations) != 1 ||
+		!reflect.DeepEqual(leanS.Labels, map[string]string{discoveryv1.LabelServiceName: "web"}) {
 		t.Errorf("EndpointSlice not stripped: %+v %+v", leanS.ObjectMeta, ep)
+	}
+}
+
+// TestLeanObjectsKeepSelectionLabels checks that the labels that select a
+// Service for a proxier (its service-proxy-name, headless) are kept on
+// Services and EndpointSlices, and give the same state with and without
+// the other labels: selected or not, as the whole object.
+func TestLeanObjectsKeepSelectionLabels(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		labels    map[string]string
+		proxyName string
+		tracked   bool
+	}{
+		{"plain", map[string]string{"app": "web"}, "", true},
+		{"other proxy", map[string]string{"app": "web", changetracker.LabelServiceProxyName: "other"}, "", false},
+		{"this proxy", map[string]string{"app": "web", changetracker.LabelServiceProxyName: "mine"}, "mine", true},
+		{"this proxy, unlabelled", map[string]string{"app": "web"}, "mine", false},
+		{"headless", map[string]string{"app": "web", v1.IsHeadlessService: ""}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &v1.Service{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", Labels: tc.labels},
+				Spec: v1.ServiceSpec{Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+					Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}}},
+			}
+			sliceLabels := map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}
+			for k, v := range tc.labels {
+				sliceLabels[k] = v
+			}
+			slice := &discoveryv1.EndpointSlice{
+				ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "web-1", Labels: sliceLabels},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(v1.ProtocolTCP)}},
+				Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+			}
+			state := func(svc *v1.Service, slice *discoveryv1.EndpointSlice) *model.State {
+				tr := changetracker.New(changetracker.Config{Family: model.IPv4, NodeName: "node1", ServiceProxyName: tc.proxyName})
+				tr.OnService(nil, svc)
+				tr.OnEndpointSlice(slice, false)
+				tr.Apply()
+				return tr.State()
+			}
+			want := state(svc, slice)
+			if got := len(want.Services) == 1; got != tc.tracked {
+				t.Fatalf("the whole Service tracked: %v, want %v: %+v", got, tc.tracked, want)
+			}
+			ls, _ := leanService(svc.DeepCopy())
+			lsl, _ := leanSlice(slice.DeepCopy())
+			lean, leanS := ls.(*v1.Service), lsl.(*discoveryv1.EndpointSlice)
+			if got := state(lean, leanS); !reflect.DeepEqual(got, want) {
+				t.Errorf("state from the lean objects:\n%+v\nwant\n%+v", got, want)
+			}
+			wantLabels := map[string]string{}
+			for _, k := range []string{changetracker.LabelServiceProxyName, v1.IsHeadlessService} {
+				if v, ok := tc.labels[k]; ok {
+					wantLabels[k] = v
+				}
+			}
+			if len(lean.Labels) != len(wantLabels) || (len(wantLabels) > 0 && !reflect.DeepEqual(lean.Labels, wantLabels)) {
+				t.Errorf("lean Service labels %v, want %v", lean.Labels, wantLabels)
+			}
+			wantLabels[discoveryv1.LabelServiceName] = "web"
+			if !reflect.DeepEqual(leanS.Labels, wantLabels) {
+				t.Errorf("lean EndpointSlice labels %v, want %v", leanS.Labels, wantLabels)
+			}
+		})
+	}
+}
+
+// TestOnly checks the map filter of the transforms.
+func TestOnly(t *testing.T) {
+	m := map[string]string{"a": "1", "b": "2"}
+	if got := only(m, []string{"a", "b", "c"}); !reflect.DeepEqual(got, m) {
+		t.Errorf("all kept: %v", got)
+	}
+	if got := only(m, []string{"b"}); !reflect.DeepEqual(got, map[string]string{"b": "2"}) || len(m) != 2 {
+		t.Errorf("b kept: %v (input now %v)", got, m)
+	}
+	if got := only(m, []string{"c"}); got != nil {
+		t.Errorf("none kept: %v, want nil", got)
+	}
+	if got := only(nil, []string{"a"}); got != nil {
+		t.Errorf("from nil: %v", got)
 	}
 }
 
