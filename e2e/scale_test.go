@@ -41,11 +41,12 @@ const (
 	// EnvScale is the number of Services (and EndpointSlices) of
 	// TestInformerMemoryAtScale, e.g. 10000; unset, the test skips.
 	EnvScale = "PROXYKIT_E2E_SCALE"
-	// EnvScaleBaseline adds a third proxy: an examples/proxy to compare
-	// with, e.g. one without the informer transforms. Either the path of
-	// a binary or a git revision of this repository (e.g. 732b866~1, the
-	// commit before the transforms), which the test builds from `git
-	// archive` into a temporary directory (the work tree is not touched).
+	// EnvScaleBaseline adds proxies to compare with: comma-separated
+	// examples/proxy builds, e.g. one without the informer transforms.
+	// Each is the path of a binary or a git revision of this repository
+	// (e.g. 732b866~1, the commit before the transforms), which the test
+	// builds from `git archive` into a temporary directory (the work tree
+	// is not touched).
 	EnvScaleBaseline = "PROXYKIT_E2E_SCALE_BASELINE"
 	// EnvScaleProfiles is a directory where the test writes each
 	// proxy's heap profile (/debug/pprof/heap?gc=1) at the end, as
@@ -63,9 +64,11 @@ const (
 	// (BENCHMARKS.md: `nft -f` of its layout took 177 s at 10,000
 	// services on this kind of machine).
 	scaleSyncLimit = 30 * time.Minute
-	// scaleSettle is how long the test waits after every proxy synced
-	// before it reads the memory figures it reports.
-	scaleSettle = 30 * time.Second
+	// scaleSettle is how long the test samples the proxies' resident
+	// memory (every scaleSample) after every proxy synced, before it
+	// reads the Go heap: two of the 30 s periodic resyncs of both.
+	scaleSettle = 65 * time.Second
+	scaleSample = time.Second
 	// scaleProbe is the one Service with a real endpoint (node1-pod1),
 	// probed through every proxy: an answer shows that it programmed the
 	// Services of the list.
@@ -80,7 +83,7 @@ const (
 //
 //	sudo hack/testcluster/build.sh && sudo hack/kubeproxy/build.sh
 //	PROXYKIT_E2E_SCALE=10000 PROXYKIT_E2E_BACKENDS=nftables \
-//	  PROXYKIT_E2E_SCALE_BASELINE=732b866~1 PROXYKIT_E2E_SCALE_PROFILES=/tmp/scale-heap \
+//	  PROXYKIT_E2E_SCALE_BASELINE=732b866~1,732b866 PROXYKIT_E2E_SCALE_PROFILES=/tmp/scale-heap \
 //	  go test ./e2e/ -run TestInformerMemoryAtScale -count=1 -v -timeout=90m
 //
 // It starts the API server and writes N Services and N EndpointSlices of
@@ -94,26 +97,28 @@ const (
 // owner reference, the trigger-time annotation, a target reference to a
 // Pod per endpoint, nodes and zones). Then, per mode (PROXYKIT_E2E_BACKENDS,
 // among nftables and iptables), it starts in a sandbox of its own each:
-// examples/proxy as built from the work tree, the baseline of
+// examples/proxy as built from the work tree, the baselines of
 // PROXYKIT_E2E_SCALE_BASELINE if set, and kube-proxy, all with one
 // KubeProxyConfiguration as in TestKubeProxySideBySide (plus
 // enableProfiling), against the populated API server: what a restarted
 // DaemonSet pod does. It waits until each has programmed the initial list
 // (its first sync after at least N+1 Service and N+1 EndpointSlice events,
-// and the probe Service answering through it), waits scaleSettle, and logs
-// per process, on lines starting with E2E-SCALE: VmRSS and VmHWM at its
-// sync and after the wait, the Go heap (go_memstats_heap_inuse_bytes, and
-// go_memstats_heap_alloc_bytes after a forced collection: the live heap),
-// its CPU time, and the peak resident memory of the helper processes it
-// ran (kube-proxy's nft or iptables-restore), sampled every 100 ms.
-// Nothing is asserted but that every proxy programs the probe Service.
+// and the probe Service answering through it), samples their VmRSS every
+// scaleSample for scaleSettle, and logs per process, on lines starting
+// with E2E-SCALE: VmRSS and VmHWM at its sync, VmRSS over the window (min,
+// median, max) and VmHWM at its end, the Go heap
+// (go_memstats_heap_inuse_bytes, and go_memstats_heap_alloc_bytes after a
+// forced collection: the live heap), its CPU time, and the peak resident
+// memory of the helper processes it ran (kube-proxy's nft or
+// iptables-restore), sampled every 100 ms. Nothing is asserted but that
+// every proxy programs the probe Service.
 func TestInformerMemoryAtScale(t *testing.T) {
 	n := scaleServices(t)
 	testcluster.RequireBinaries(t)
 	testnet.RequireRoot(t)
 	kpBin := kubeProxyBinary(t)
 	bin := proxyBinary(t)
-	baseline := baselineBinary(t)
+	baselines := baselineBinaries(t)
 	t.Logf("E2E-SCALE loadavg at start: %s", loadavg())
 	t.Cleanup(func() { t.Logf("E2E-SCALE loadavg at end: %s", loadavg()) })
 
@@ -136,7 +141,7 @@ func TestInformerMemoryAtScale(t *testing.T) {
 		if !slices.Contains(kubeProxyModes, mode) {
 			t.Skipf("not compared with kube-proxy in mode %s: only %v are", mode, kubeProxyModes)
 		}
-		runScale(t, &env{t: t, backend: mode, ctx: ctx, cluster: cluster, cs: base.cs}, kubeconfig, n, bin, baseline, kpBin)
+		runScale(t, &env{t: t, backend: mode, ctx: ctx, cluster: cluster, cs: base.cs}, kubeconfig, n, bin, baselines, kpBin)
 	})
 }
 
@@ -155,14 +160,25 @@ func scaleServices(t *testing.T) int {
 	return n
 }
 
-// baselineBinary returns the examples/proxy of EnvScaleBaseline (a path,
-// or a revision it builds), or "" when unset.
-func baselineBinary(t *testing.T) string {
+// baseline is an examples/proxy to compare with.
+type baseline struct{ name, bin string }
+
+// baselineBinaries returns the examples/proxy builds of EnvScaleBaseline.
+func baselineBinaries(t *testing.T) []baseline {
 	t.Helper()
-	v := os.Getenv(EnvScaleBaseline)
-	if v == "" {
-		return ""
+	var out []baseline
+	for _, v := range strings.Split(os.Getenv(EnvScaleBaseline), ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, baseline{"proxykit@" + filepath.Base(v), baselineBinary(t, v)})
+		}
 	}
+	return out
+}
+
+// baselineBinary returns the examples/proxy v (a path, or a revision it
+// builds).
+func baselineBinary(t *testing.T, v string) string {
+	t.Helper()
 	if fi, err := os.Stat(v); err == nil && !fi.IsDir() {
 		return v
 	}
@@ -388,6 +404,7 @@ type scaleProxy struct {
 
 	syncedIn   time.Duration // 0 until it programmed the list
 	atSync     procUsage
+	rssKB      []int64 // sampled after every proxy synced
 	childMu    sync.Mutex
 	childPeak  int64 // KB, the largest VmHWM seen of a child process
 	childNames map[string]bool
@@ -395,14 +412,14 @@ type scaleProxy struct {
 
 // runScale runs the proxies of one mode against the populated API server
 // and reports their memory.
-func runScale(t *testing.T, e *env, kubeconfig string, n int, bin, baseline, kpBin string) {
+func runScale(t *testing.T, e *env, kubeconfig string, n int, bin string, baselines []baseline, kpBin string) {
 	mode := e.backend
 	tps := map[string]*testnet.Topology{}
-	for _, name := range []string{"kube-proxy", "proxykit", "baseline"} {
-		if name == "baseline" && baseline == "" {
-			continue
-		}
+	for _, name := range []string{"kube-proxy", "proxykit"} {
 		tps[name] = testnet.New(t, testnet.Options{Node1Pods: 3, Node2Pods: 2})
+	}
+	for _, b := range baselines {
+		tps[b.name] = testnet.New(t, testnet.Options{Node1Pods: 3, Node2Pods: 2})
 	}
 	e.tp = tps["proxykit"]
 	ensureScaleNodeAndProbe(e)
@@ -421,17 +438,17 @@ func runScale(t *testing.T, e *env, kubeconfig string, n int, bin, baseline, kpB
 
 	// One at a time, each against the populated API server with the
 	// others idle or syncing: examples/proxy first (startDaemon waits
-	// for its first sync, seconds), then the baseline, then kube-proxy,
+	// for its first sync, seconds), then the baselines, then kube-proxy,
 	// whose first sync takes minutes.
 	var proxies []*scaleProxy
 	p := &scaleProxy{name: "proxykit", tp: e.tp, started: time.Now()}
 	p.d = startDaemon(t, bin, p.tp.Node1.Path(), "--config="+config, "--netns="+p.tp.Node1.Path(), "-v=2")
 	proxies = append(proxies, p)
-	if baseline != "" {
+	for _, b := range baselines {
 		bm, bh := freeAddr(t), freeAddr(t)
 		bconfig := withProfiling(t, writeKubeProxyConfig(t, mode, kubeconfig, bm, bh, e.tp.Node1))
-		p := &scaleProxy{name: "baseline", tp: tps["baseline"], started: time.Now()}
-		p.d = startDaemon(t, baseline, p.tp.Node1.Path(), "--config="+bconfig, "--netns="+p.tp.Node1.Path(), "-v=2")
+		p := &scaleProxy{name: b.name, tp: tps[b.name], started: time.Now()}
+		p.d = startDaemon(t, b.bin, p.tp.Node1.Path(), "--config="+bconfig, "--netns="+p.tp.Node1.Path(), "-v=2")
 		proxies = append(proxies, p)
 	}
 	kp := &scaleProxy{name: "kube-proxy", tp: kpTP}
@@ -481,7 +498,13 @@ func runScale(t *testing.T, e *env, kubeconfig string, n int, bin, baseline, kpB
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	time.Sleep(scaleSettle)
+	for end := time.Now().Add(scaleSettle); time.Now().Before(end); time.Sleep(scaleSample) {
+		for _, p := range proxies {
+			if u, err := usage(p.d.cmd.Process.Pid); err == nil {
+				p.rssKB = append(p.rssKB, u.rssKB)
+			}
+		}
+	}
 	for _, p := range proxies {
 		p.report(t, mode, n)
 	}
@@ -619,8 +642,14 @@ func (p *scaleProxy) report(t *testing.T, mode string, n int) {
 	slices.Sort(children)
 	childPeak := p.childPeak
 	p.childMu.Unlock()
-	t.Logf("E2E-SCALE mode=%s proxy=%s services=%d endpoints-per-slice=%d synced-in=%v | at sync: %v | after %v: %v | go heap: inuse=%s alloc=%s sys=%s; after GC: alloc=%s inuse=%s | children %v peak VmHWM=%.1fMB (sampled) | heap profile: %s",
-		mode, p.name, n, scaleEndpoints, p.syncedIn.Round(100*time.Millisecond), p.atSync, scaleSettle, u,
+	rss := slices.Sorted(slices.Values(p.rssKB))
+	window := "n/a"
+	if len(rss) > 0 {
+		window = fmt.Sprintf("min=%.1fMB median=%.1fMB max=%.1fMB (%d samples)",
+			float64(rss[0])/1024, float64(rss[len(rss)/2])/1024, float64(rss[len(rss)-1])/1024, len(rss))
+	}
+	t.Logf("E2E-SCALE mode=%s proxy=%s services=%d endpoints-per-slice=%d synced-in=%v | at sync: %v | VmRSS over the next %v: %s | then: %v | go heap: inuse=%s alloc=%s sys=%s; after GC: alloc=%s inuse=%s | children %v peak VmHWM=%.1fMB (sampled) | heap profile: %s",
+		mode, p.name, n, scaleEndpoints, p.syncedIn.Round(100*time.Millisecond), p.atSync, scaleSettle, window, u,
 		heapInuse, heapAlloc, goSys, liveAlloc, liveInuse, children, float64(childPeak)/1024, profile)
 }
 
