@@ -271,7 +271,7 @@ func datapathMarkdown(rep *DatapathReport, o Options) string {
 			f := dpCaseFigures(c)
 			lat := "—"
 			if f.TCP.N > 0 {
-				lat = fmt.Sprintf("%s / %s µs", num(f.TCP.P50), num(f.TCP.P99))
+				lat = micros(f.TCP.P50) + " / " + micros(f.TCP.P99)
 			}
 			tcp := rate(f.TCP.PerSec)
 			if f.TCP.Errors > 0 {
@@ -538,4 +538,12 @@ func dpTargetsMarkdown(w *strings.Builder, rep *DatapathReport) {
 	}
 	fmt.Fprintf(w, "\nThe issue also asks that no backend but iptables lose more than 10%% from 10 to 10,000\n")
 	fmt.Fprintf(w, "services: the table above.\n\n")
+}
+
+// micros formats a duration in microseconds, as milliseconds from 10 ms.
+func micros(us float64) string {
+	if us >= 10000 {
+		return num(us/1000) + " ms"
+	}
+	return num(us) + " µs"
 }

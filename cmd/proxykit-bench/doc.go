@@ -14,6 +14,21 @@
 // reference in the same run. It writes BENCHMARKS.md, SVG plots and the
 // raw results as JSON.
 //
+// With --datapath it measures the data path instead (datapath.go, issue
+// #21): a client namespace sends traffic to a node port of node1 whose
+// endpoint is a pod behind node2, for each path (direct to the endpoint
+// without a service, the proxykit backends, the eBPF backend's
+// north-south options, kube-proxy's layouts) at 10 and 10,000 services:
+// short TCP connections per second (TCP_CRR, from a Go load generator
+// to a tight server in the pod, with p50/p99 latency) and UDP packets per
+// second at saturation (an AF_PACKET sender of pre-built frames; what
+// reaches the endpoint and what node1 drops). A path whose backend
+// option does not exist yet (an ebpf.Config field the backend lacks, a
+// value its New refuses) is reported as not available; adding a path is
+// a line in dpPaths. Its section of BENCHMARKS.md sits between the scale
+// run's figures and the hand-written sections, and each mode keeps the
+// other's.
+//
 // It is a Go module of its own (github.com/proxykit/proxykit/cmd/proxykit-bench,
 // with the SDK replaced by ../..), so that the SDK's go.mod does not require
 // its plotting library (gonum.org/v1/plot); a nested module of the same
@@ -25,10 +40,12 @@
 //	sudo /tmp/proxykit-bench                 # the default run (< 15 min on 2 cores)
 //	sudo /tmp/proxykit-bench --smoke         # 100 services, a few seconds
 //	sudo /tmp/proxykit-bench --sizes 1000x10 --backends nftables --references ''
+//	sudo /tmp/proxykit-bench --datapath      # data path, every path, 10 and 10,000 services (~20 min)
+//	sudo /tmp/proxykit-bench --datapath --smoke  # direct and nftables at 10 services, a few seconds
 //	/tmp/proxykit-bench --from docs/bench/results.json  # report and plots again, no measuring
 //
-// Its test (`go test ./...` in this directory, as root; hack/test.sh runs
-// it) makes the smoke run.
+// Its tests (`go test ./...` in this directory, as root; hack/test.sh runs
+// them) make both smoke runs.
 //
 // Every measurement runs in a child process (this binary re-executed) in
 // namespaces the parent built and tears down, also on Ctrl-C and on
