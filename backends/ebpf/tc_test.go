@@ -1,0 +1,65 @@
+package ebpf
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/proxykit/proxykit/model"
+)
+
+// TestCheckNorthSouth: the accepted values, and tc with SocketOnly.
+func TestCheckNorthSouth(t *testing.T) {
+	for _, c := range []struct {
+		ns         NorthSouth
+		socketOnly bool
+		ok         bool
+	}{
+		{"", false, true}, {NorthSouthNFTables, false, true}, {NorthSouthTC, false, true},
+		{"", true, true}, {NorthSouthTC, true, false}, {"xdp", false, false},
+	} {
+		cfg := Config{NorthSouth: c.ns, SocketOnly: c.socketOnly}
+		if err := cfg.checkNorthSouth(); (err == nil) != c.ok {
+			t.Errorf("NorthSouth %q SocketOnly %v: %v, want ok %v", c.ns, c.socketOnly, err, c.ok)
+		}
+	}
+}
+
+// TestTCFrontends: cluster IP internal; node port, external IPs and
+// load-balancer IPs external; load-balancer IPs with source ranges
+// apart; SCTP nothing.
+func TestTCFrontends(t *testing.T) {
+	a := netip.MustParseAddr
+	sp := &model.ServicePort{
+		ClusterIP: a("10.96.0.1"), Port: 80, Protocol: model.TCP, NodePort: 30080,
+		ExternalIPs:     []netip.Addr{a("203.0.113.1"), a("2001:db8::1")},
+		LoadBalancerIPs: []netip.Addr{a("203.0.113.2")},
+	}
+	in, ext, ranged := tcFrontends(model.IPv4, sp)
+	if len(in) != 1 || len(ext) != 3 || len(ranged) != 0 {
+		t.Fatalf("got %d internal, %d external, %d ranged frontends, want 1, 3, 0", len(in), len(ext), len(ranged))
+	}
+	if ext[0].Addr != mapped16(netip.IPv4Unspecified()) || port16(ext[0].Port) != 30080 {
+		t.Errorf("node port frontend %+v", ext[0])
+	}
+	sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	if _, ext, ranged = tcFrontends(model.IPv4, sp); len(ext) != 2 || len(ranged) != 1 {
+		t.Errorf("with source ranges: %d external, %d ranged, want 2, 1", len(ext), len(ranged))
+	}
+	sp.Protocol = model.SCTP
+	if in, ext, ranged = tcFrontends(model.IPv4, sp); len(in)+len(ext)+len(ranged) != 0 {
+		t.Errorf("SCTP got frontends")
+	}
+}
+
+// TestRangeKey: IPv4 prefixes are IPv4-mapped, their length counted
+// after the id's 32 bits and the 96 bits of the mapping.
+func TestRangeKey(t *testing.T) {
+	k := rangeKey(7, netip.MustParsePrefix("198.51.100.9/24"))
+	if k.Prefixlen != 32+96+24 || k.ID != 7 || k.Addr != mapped16(netip.MustParseAddr("198.51.100.0")) {
+		t.Errorf("IPv4: %+v", k)
+	}
+	k = rangeKey(7|v6GroupBit, netip.MustParsePrefix("2001:db8::/32"))
+	if k.Prefixlen != 32+32 || k.Addr != netip.MustParseAddr("2001:db8::").As16() {
+		t.Errorf("IPv6: %+v", k)
+	}
+}
