@@ -120,6 +120,7 @@ func TestInformerMemoryAtScale(t *testing.T) {
 	bin := proxyBinary(t)
 	baselines := baselineBinaries(t)
 	t.Logf("E2E-SCALE loadavg at start: %s", loadavg())
+	t.Logf("E2E-SCALE %s", etcdVersion())
 	t.Cleanup(func() { t.Logf("E2E-SCALE loadavg at end: %s", loadavg()) })
 
 	host, proxykitHost := snapshotHost(), hostTables()
@@ -211,6 +212,24 @@ func baselineBinary(t *testing.T, v string) string {
 	rev, _ := exec.Command("git", "-C", "..", "rev-parse", "--short", v).Output()
 	t.Logf("E2E-SCALE baseline: examples/proxy at %s (%s) built in %v", v, strings.TrimSpace(string(rev)), time.Since(start).Round(time.Second))
 	return out
+}
+
+// etcdVersion names the control plane's etcd. It decides how informers
+// fetch their initial lists: kube-apiserver streams them (WatchList, which
+// client-go uses by default since 1.35) only when etcd has
+// RequestWatchProgress (3.4.31+, 3.5.13+); else client-go falls back to a
+// paginated LIST, held whole before the informer transforms see it.
+func etcdVersion() string {
+	bins, err := testcluster.FindBinaries()
+	if err != nil {
+		return "etcd: " + err.Error()
+	}
+	out, err := exec.Command(bins.Etcd, "--version").Output()
+	v, _, _ := strings.Cut(string(out), "\n")
+	if err != nil {
+		v = err.Error()
+	}
+	return "etcd " + bins.Etcd + ": " + strings.TrimSpace(v)
 }
 
 func loadavg() string {
