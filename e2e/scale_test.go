@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -559,11 +560,14 @@ func ensureScaleNodeAndProbe(e *env) {
 	s.setEndpoints(scaleProbe, model.IPv4, e.tp.Node1.Pods[0])
 }
 
-// programmed reports whether the proxy has synced after receiving at least
-// want Service and EndpointSlice events, and the probe Service answers
-// from node1-pod1 through it.
+// programmed reports whether the proxy has completed a sync of the IPv4
+// family (the Services' family: the IPv6 one syncs at once, with nothing
+// to program) after receiving at least want Service and EndpointSlice
+// events, and the probe Service answers from node1-pod1 through it. (The
+// probe alone does not tell: examples/proxy's iptables mode writes a
+// large first sync in several iptables-restore runs.)
 func (p *scaleProxy) programmed(want float64, probeDst netip.AddrPort) bool {
-	if !p.d.synced() {
+	if v, err := metricSeries(p.d, "kubeproxy_sync_proxy_rules_last_timestamp_seconds", `ip_family="IPv4"`); err != nil || v <= 0 {
 		return false
 	}
 	for _, m := range []string{"kubeproxy_sync_proxy_rules_service_changes_total", "kubeproxy_sync_proxy_rules_endpoint_changes_total"} {
@@ -573,6 +577,34 @@ func (p *scaleProxy) programmed(want float64, probeDst netip.AddrPort) bool {
 	}
 	r := fromPod(p.tp).TCP(probeDst, probeTimeout)
 	return r.Outcome == testnet.Answered && r.Server == p.tp.Node1.Pods[0].Name
+}
+
+// metricSeries returns the value of the series of a metric whose labels
+// contain label (e.g. ip_family="IPv4").
+func metricSeries(d *daemon, name, label string) (float64, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + d.metrics + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for s.Scan() {
+		l := s.Text()
+		rest, ok := strings.CutPrefix(l, name+"{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if ok && strings.Contains(labels, label) {
+			return strconv.ParseFloat(strings.TrimSpace(value), 64)
+		}
+	}
+	if err := s.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("no series %s{%s}", name, label)
 }
 
 // sampleChildren records, every 100 ms until stop, the peak resident
