@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -66,32 +65,9 @@ func composeReport(scaleRun, datapath, old string) string {
 // writeDatapath writes the data-path results, their plots and their
 // section of the report.
 func writeDatapath(rep *DatapathReport, o Options) error {
-	if o.PlotDir != "" {
-		if err := os.MkdirAll(o.PlotDir, 0o755); err != nil {
-			return err
-		}
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(o.PlotDir, datapathJSON), append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		if err := writeDatapathPlots(rep, o.PlotDir); err != nil {
-			return err
-		}
-	}
-	if o.Out != "" {
-		old, err := os.ReadFile(o.Out)
-		if err != nil && !os.IsNotExist(err) {
-			return err
-		}
-		md := composeReport("", datapathMarkdown(rep, o), string(old))
-		if err := os.WriteFile(o.Out, []byte(md), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeOutputs(o, datapathJSON, rep,
+		func(dir string) error { return writeDatapathPlots(rep, dir) },
+		func(old string) string { return composeReport("", datapathMarkdown(rep, o), old) })
 }
 
 // udpFig are the figures of one UDP run, per second.

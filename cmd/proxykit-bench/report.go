@@ -22,18 +22,28 @@ const (
 
 // write writes the results, the plots and the report.
 func write(rep *Report, o Options) error {
+	return writeOutputs(o, resultsJSON, rep,
+		func(dir string) error { return writePlots(rep, dir) },
+		func(old string) string { return composeReport(markdown(rep, o), "", old) })
+}
+
+// writeOutputs writes results as JSON file name and its plots into
+// o.PlotDir, and o.Out as section returns it from the report there
+// before (empty when there was none); an empty o.PlotDir or o.Out skips
+// its part.
+func writeOutputs(o Options, name string, results any, plots func(dir string) error, section func(old string) string) error {
 	if o.PlotDir != "" {
 		if err := os.MkdirAll(o.PlotDir, 0o755); err != nil {
 			return err
 		}
-		b, err := json.MarshalIndent(rep, "", "  ")
+		b, err := json.MarshalIndent(results, "", "  ")
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(o.PlotDir, resultsJSON), append(b, '\n'), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(o.PlotDir, name), append(b, '\n'), 0o644); err != nil {
 			return err
 		}
-		if err := writePlots(rep, o.PlotDir); err != nil {
+		if err := plots(o.PlotDir); err != nil {
 			return err
 		}
 	}
@@ -42,7 +52,7 @@ func write(rep *Report, o Options) error {
 		if err != nil && !os.IsNotExist(err) {
 			return err
 		}
-		if err := os.WriteFile(o.Out, []byte(composeReport(markdown(rep, o), "", string(old))), 0o644); err != nil {
+		if err := os.WriteFile(o.Out, []byte(section(string(old))), 0o644); err != nil {
 			return err
 		}
 	}
