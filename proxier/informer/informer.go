@@ -85,21 +85,33 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 	if err := sliceInf.SetTransform(leanSlice); err != nil {
 		return err
 	}
-	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// Synced waits for each handler to have received the initial list
+	// (its registration's HasSynced), not only for the informer's store
+	// to hold it: a store fills before its handlers have seen every
+	// object, and a first sync then would program part of the cluster.
+	var synced []cache.InformerSynced
+	register := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) error {
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
+			return err
+		}
+		synced = append(synced, reg.HasSynced)
+		return nil
+	}
+	if err := register(svcInf, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { withService(o, p.OnServiceAdd) },
 		UpdateFunc: func(a, b any) { withServices(a, b, p.OnServiceUpdate) },
 		DeleteFunc: func(o any) { withService(o, p.OnServiceDelete) },
 	}); err != nil {
 		return err
 	}
-	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := register(sliceInf, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { withSlice(o, p.OnEndpointSliceAdd) },
 		UpdateFunc: func(a, b any) { withSlices(a, b, p.OnEndpointSliceUpdate) },
 		DeleteFunc: func(o any) { withSlice(o, p.OnEndpointSliceDelete) },
 	}); err != nil {
 		return err
 	}
-	synced := []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
 	var nodeFactory informers.SharedInformerFactory
 	if cfg.NodeName != "" {
 		nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, cfg.Resync,
@@ -110,14 +122,13 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 		if err := nodeInf.SetTransform(leanNode); err != nil {
 			return err
 		}
-		if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		if err := register(nodeInf, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { withNode(o, cfg.NodeName, p.OnNodeAdd) },
 			UpdateFunc: func(a, b any) { withNodes(a, b, cfg.NodeName, p.OnNodeUpdate) },
 			DeleteFunc: func(o any) { withNode(o, cfg.NodeName, p.OnNodeDelete) },
 		}); err != nil {
 			return err
 		}
-		synced = append(synced, nodeInf.HasSynced)
 		nodeFactory.Start(ctx.Done())
 	}
 	var cidrFactory informers.SharedInformerFactory
@@ -127,14 +138,13 @@ func Run(ctx context.Context, client kubernetes.Interface, p proxier.Proxier, cf
 		cidrFactory = informers.NewSharedInformerFactory(client, cfg.Resync)
 		cidrInf := cidrFactory.Networking().V1().ServiceCIDRs().Informer()
 		changed := func() { p.OnServiceCIDRsChanged(serviceCIDRs(cidrInf.GetStore().List())) }
-		if _, err := cidrInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		if err := register(cidrInf, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { changed() },
 			UpdateFunc: func(_, _ any) { changed() },
 			DeleteFunc: func(any) { changed() },
 		}); err != nil {
 			return err
 		}
-		synced = append(synced, cidrInf.HasSynced)
 		cidrFactory.Start(ctx.Done())
 	}
 	factory.Start(ctx.Done())

@@ -2,6 +2,8 @@ package informer
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/proxykit/proxykit/proxier/fakeproxier"
@@ -89,5 +92,60 @@ func waitFor(t *testing.T, ev *fakeproxier.Events, want ...string) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// gatedAdds holds every Service add until gate closes and records how
+// many adds it had delivered when OnServiceSynced came.
+type gatedAdds struct {
+	*fakeproxier.Events
+	gate         chan struct{}
+	adds         atomic.Int32
+	addsAtSynced atomic.Int32
+}
+
+func (g *gatedAdds) OnServiceAdd(s *v1.Service) {
+	<-g.gate
+	g.adds.Add(1)
+	g.Events.OnServiceAdd(s)
+}
+
+func (g *gatedAdds) OnServiceSynced() {
+	g.addsAtSynced.Store(g.adds.Load())
+	g.Events.OnServiceSynced()
+}
+
+// TestRunSyncedAfterHandlersHaveTheInitialList: the Synced handlers come
+// only after the handlers received every object of the initial lists,
+// not as soon as the informers' stores hold them (a proxier's first
+// sync on part of the cluster would remove the rest's rules).
+func TestRunSyncedAfterHandlersHaveTheInitialList(t *testing.T) {
+	const n = 50
+	var objs []runtime.Object
+	for i := range n {
+		objs = append(objs, svc(fmt.Sprintf("s%d", i), nil))
+	}
+	client := fake.NewClientset(objs...)
+	g := &gatedAdds{Events: &fakeproxier.Events{}, gate: make(chan struct{})}
+	g.addsAtSynced.Store(-1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, client, g, Config{NoServiceCIDRs: true}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// The store fills while the handler is held; give Run the time to
+	// (wrongly) call the Synced handlers.
+	time.Sleep(300 * time.Millisecond)
+	if g.Has("svc synced") {
+		t.Errorf("OnServiceSynced came after %d of %d adds", g.addsAtSynced.Load(), n)
+	}
+	close(g.gate)
+	waitFor(t, g.Events, "svc synced", "eps synced")
+	if got := g.addsAtSynced.Load(); got != n {
+		t.Errorf("OnServiceSynced came after %d of %d adds", got, n)
 	}
 }
