@@ -15,6 +15,45 @@ import (
 	"github.com/proxykit/proxykit/proxier"
 )
 
+// The default range of the source ports of SNATed north-south flows
+// (Config.NorthSouthSNATPorts): above Linux's default ephemeral range
+// (32768-60999), so that the node's own connections do not take them.
+const (
+	DefaultSNATPortMin = 61000
+	DefaultSNATPortMax = 65535
+)
+
+// snatPorts returns the configured SNAT port range, or the default.
+func (c *Config) snatPorts() (lo, hi uint16, err error) {
+	lo, hi = c.NorthSouthSNATPorts[0], c.NorthSouthSNATPorts[1]
+	if lo == 0 && hi == 0 {
+		return DefaultSNATPortMin, DefaultSNATPortMax, nil
+	}
+	if lo == 0 || hi < lo {
+		return 0, 0, fmt.Errorf("ebpf: Config.NorthSouthSNATPorts %d-%d is not a range of ports (want first <= last, both 1-65535)", lo, hi)
+	}
+	return lo, hi, nil
+}
+
+// setSNATPorts writes the SNAT port range into bpf/nodeport.c's
+// load-time constants.
+func setSNATPorts(spec *ebpf.CollectionSpec, cfg *Config) error {
+	lo, hi, err := cfg.snatPorts()
+	if err != nil {
+		return err
+	}
+	for name, v := range map[string]uint16{"snat_port_min": lo, "snat_port_max": hi} {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("ebpf: bpf/nodeport.c lacks variable %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("ebpf: %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // Kernel representations of the frontend and endpoint maps of
 // bpf/nodeport.c (TestNodeportMapLayout checks them against the
 // object's BTF). Addresses are 16 bytes, IPv4-mapped for IPv4, so that

@@ -120,6 +120,14 @@ type Config struct {
 	// (the node side of pod veths) gets the program that translates
 	// replies only.
 	NorthSouthDevices []string
+	// NorthSouthSNATPorts is the first and last source port the tc
+	// programs give the flows they SNAT to the node (a remote endpoint
+	// with externalTrafficPolicy Cluster). Each endpoint address and port
+	// has this many flows open at once; a closed TCP flow's port (a FIN
+	// each way, or a RST) and an idle UDP flow's (about 2 minutes) are
+	// taken again when no free one is found. Zero means
+	// [DefaultSNATPortMin]-[DefaultSNATPortMax].
+	NorthSouthSNATPorts [2]uint16
 	// tcLegacy attaches the tc programs with a clsact qdisc and a
 	// cls_bpf filter even where the kernel has tcx (6.6+): tests cover
 	// both paths with it.

@@ -172,6 +172,9 @@ func (p *tcPlane) load(dp *dataplane) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: tc: %w", err)
 	}
+	if err := setSNATPorts(spec, &p.cfg); err != nil {
+		return err
+	}
 	nfam := max(len(p.cfg.Families), 1)
 	sizes := map[string]int{
 		mapNSFe:  nfam * p.cfg.MaxServices,

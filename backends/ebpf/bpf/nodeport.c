@@ -116,13 +116,29 @@ struct tuple {
 	__u8 pad[3];
 };
 
+/* A reverse NAT entry's record of its flow (struct nat's state): a
+ * TCP flow that both sides closed (a FIN each way) or that a RST ended,
+ * and a UDP flow idle for UDP_IDLE_SEC, give their SNAT port to a new
+ * flow that finds no free one, as conntrack lets a closed connection's
+ * tuple be taken again. */
+#define CT_FIN_IN 1  /* a FIN from the client */
+#define CT_FIN_OUT 2 /* a FIN from the endpoint */
+#define CT_RST 4     /* a RST either way */
+
+/* How long a UDP flow is idle before its SNAT port may be taken, in
+ * units of 2^30 ns (about 1.07 s): about 2 minutes, conntrack's UDP
+ * stream timeout. */
+#define UDP_IDLE_SEC 112
+
 /* The rewrite of a tracked packet: its new source and destination. */
 struct nat {
 	__be32 saddr[4];
 	__be32 daddr[4];
 	__be16 sport;
 	__be16 dport;
-	__u32 pad;
+	__u8 state;  /* CT_* (reverse entries only) */
+	__u8 pad;
+	__u16 seen;  /* reverse entries: bpf_ktime_get_ns() >> 30 of the last packet, wrapping */
 };
 
 /* An interface's address of a family, the source of SNATed packets
@@ -235,7 +251,7 @@ struct pkt {
 	__u8 v6;
 	__u8 ttl;
 	__u8 tos;
-	__u8 pad;
+	__u8 tcpflags; /* the TCP header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10) */
 	__be32 flow; /* IPv6 flow info */
 	__u16 len;   /* length from the IP header on */
 };
@@ -263,6 +279,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u8 p
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return -1;
 	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
+		return -1;
+	if (proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4off + 13, &p->tcpflags, 1))
 		return -1;
 	p->t.proto = proto;
 	p->t.sport = ports[0];
@@ -464,6 +482,46 @@ static __always_inline int translate(struct __sk_buff *skb, const struct pkt *p,
 	return forward(skb, p, n);
 }
 
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+static __always_inline __u16 now_units(void)
+{
+	return (__u16)(bpf_ktime_get_ns() >> 30);
+}
+
+/* note records a packet of a flow in its reverse entry r: its time,
+ * and a FIN (fin_bit: from which side) or RST. */
+static __always_inline void note(struct nat *r, const struct pkt *p, __u8 fin_bit)
+{
+	__u16 now = now_units();
+	__u8 state = r->state;
+
+	if (p->t.proto == IPPROTO_TCP) {
+		if (p->tcpflags & TCP_RST)
+			state |= CT_RST;
+		else if (p->tcpflags & TCP_FIN)
+			state |= fin_bit;
+	}
+	/* Written only when it changes: every packet of the flow would
+	 * otherwise dirty the entry's cache line. */
+	if (r->seen != now)
+		r->seen = now;
+	if (r->state != state)
+		r->state = state;
+}
+
+/* closed reports whether the flow of reverse entry r is over: a TCP
+ * flow closed both ways or reset, a UDP flow idle for UDP_IDLE_SEC. */
+static __always_inline int closed(const struct nat *r, __u8 proto)
+{
+	if (proto == IPPROTO_TCP)
+		return (r->state & CT_RST) || (r->state & (CT_FIN_IN | CT_FIN_OUT)) == (CT_FIN_IN | CT_FIN_OUT);
+	return (__u16)(now_units() - r->seen) >= UDP_IDLE_SEC;
+}
+
 /* reply translates a reply of a tracked flow back: its source becomes
  * the frontend, its destination the client. */
 static __always_inline int reply(struct __sk_buff *skb, const struct pkt *p)
@@ -472,6 +530,7 @@ static __always_inline int reply(struct __sk_buff *skb, const struct pkt *p)
 
 	if (!n)
 		return -1;
+	note(n, p, CT_FIN_OUT);
 	struct nat copy = *n;
 	return translate(skb, p, &copy);
 }
@@ -492,7 +551,9 @@ static __always_inline void reverse_of(const struct tuple *t, const struct nat *
 	copy16(rv->daddr, t->saddr);
 	rv->sport = t->dport;
 	rv->dport = t->sport;
+	rv->state = 0;
 	rv->pad = 0;
+	rv->seen = now_units();
 }
 
 static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p);
@@ -515,7 +576,9 @@ static __always_inline int stale(const struct pkt *p, const struct nat *n)
 }
 
 /* tracked translates a packet of a flow in pk_nsct, restoring its
- * reverse entry if the LRU evicted it. */
+ * reverse entry if the LRU evicted it. A new TCP connection (a bare SYN)
+ * on the tuple of a closed one is a new flow: it picks its endpoint
+ * again, as conntrack reopens a closed connection's entry. */
 static __always_inline int tracked(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct nat *e = bpf_map_lookup_elem(&pk_nsct, &p->t);
@@ -526,12 +589,16 @@ static __always_inline int tracked(struct __sk_buff *skb, const struct pkt *p)
 		return -1;
 	struct nat n = *e;
 	reverse_of(&p->t, &n, &rk, &rv);
-	if (stale(p, &n)) {
+	struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
+	int reopen = r && p->t.proto == IPPROTO_TCP && (p->tcpflags & (TCP_SYN | TCP_ACK)) == TCP_SYN && closed(r, IPPROTO_TCP);
+	if (reopen || stale(p, &n)) {
 		bpf_map_delete_elem(&pk_nsct, &p->t);
 		bpf_map_delete_elem(&pk_nsrev, &rk);
 		return -1;
 	}
-	if (!bpf_map_lookup_elem(&pk_nsrev, &rk))
+	if (r)
+		note(r, p, CT_FIN_IN);
+	else
 		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
 	return translate(skb, p, &n);
 }
@@ -655,14 +722,39 @@ static __always_inline int snat_addr(struct __sk_buff *skb, const struct pkt *p,
 	return 0;
 }
 
+/* take gives the SNAT port of the closed flow whose reverse entry is
+ * at rk to the new flow p (translated to n): the old flow's tracking
+ * entry goes (its client tuple is the reverse of its reverse entry's
+ * rewrite), the reverse entry becomes the new flow's. */
+static __always_inline int take(const struct pkt *p, struct nat *n, const struct tuple *rk, const struct nat *rv)
+{
+	struct nat *old = bpf_map_lookup_elem(&pk_nsrev, rk);
+
+	if (old) {
+		struct tuple ot = {
+			.saddr = { old->daddr[0], old->daddr[1], old->daddr[2], old->daddr[3] },
+			.daddr = { old->saddr[0], old->saddr[1], old->saddr[2], old->saddr[3] },
+			.sport = old->dport,
+			.dport = old->sport,
+			.proto = p->t.proto,
+		};
+		bpf_map_delete_elem(&pk_nsct, &ot);
+	}
+	if (bpf_map_update_elem(&pk_nsrev, rk, rv, BPF_ANY))
+		return -1;
+	return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+}
+
 /* claim records a new flow: its reverse entry (with a free SNAT port
  * when it is SNATed: the reverse tuple must be unique) and its
- * tracking entry. */
+ * tracking entry. A SNATed flow tries SNAT_TRIES random ports; when none
+ * is free it takes the first of them whose flow is over (closed). */
 static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 {
 	struct tuple rk;
 	struct nat rv;
 	__u32 span = (__u32)snat_port_max - snat_port_min + 1;
+	__be16 reuse = 0;
 
 	if (!snat) {
 		reverse_of(&p->t, n, &rk, &rv);
@@ -674,8 +766,17 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 		reverse_of(&p->t, n, &rk, &rv);
 		if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
 			return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+		if (!reuse) {
+			struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
+			if (r && closed(r, p->t.proto))
+				reuse = n->sport;
+		}
 	}
-	return -1;
+	if (!reuse)
+		return -1;
+	n->sport = reuse;
+	reverse_of(&p->t, n, &rk, &rv);
+	return take(p, n, &rk, &rv);
 }
 
 /* admitted reports whether one of the source ranges of fe's group
