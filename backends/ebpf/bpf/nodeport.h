@@ -1,0 +1,824 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * The north-south datapath shared by the tc programs (nodeport.c) and
+ * the XDP program (xdp.c): packets from outside the node to a node port
+ * (on a node address), an external IP or a load-balancer IP are
+ * translated to an endpoint (DNAT; for a remote endpoint with
+ * externalTrafficPolicy Cluster also SNAT to the node's address toward
+ * it), tracked in LRU maps, and forwarded; replies are translated back.
+ * Both objects declare the same maps; the XDP object is loaded with the
+ * tc object's maps.
+ *
+ * Both families share the maps; IPv4 addresses are IPv4-mapped in the
+ * 16-byte fields. Only TCP and UDP, IPv4 without fragments and IPv6
+ * without extension headers, behind an Ethernet header, are handled;
+ * every other packet goes on untouched.
+ *
+ * The including file defines the context and how to reach its packet:
+ *   CTX                                   struct __sk_buff or struct xdp_md
+ *   pk_load(ctx, off, to, len)            copy bytes out of the packet
+ *   pk_store(ctx, off, from, len, flags)  copy bytes into it
+ *   pk_l3_csum(ctx, off, from, to, flags) bpf_l3_csum_replace's meaning
+ *   pk_l4_csum(ctx, off, from, to, flags) bpf_l4_csum_replace's meaning
+ *   pk_proto(ctx)                         the Ethernet type (network order)
+ *   pk_ingress(ctx)                       the interface it arrived on
+ *   V_STACK, V_DROP, V_NEXT               verdicts: to the stack, drop,
+ *                                         untouched to what comes next
+ * and, after including this file, translate() (rewrite a tracked
+ * packet and send it on) and reject() (answer a packet to a frontend
+ * without endpoints).
+ */
+#ifndef PROXYKIT_NODEPORT_H
+#define PROXYKIT_NODEPORT_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+
+/* The first and last source port of SNATed flows (load-time
+ * constants): outside Linux's default ephemeral range (32768-60999), so
+ * that the node's own connections do not collide with them. */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
+
+/* How many random SNAT ports a new flow tries before it is dropped. */
+#define SNAT_TRIES 16
+
+/* A frontend of traffic from outside: an address (the unspecified
+ * address of the family, ::ffff:0.0.0.0 or ::, for a node port on
+ * every node address), a port and a protocol. */
+struct nsfe_key {
+	__be32 addr[4];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* The frontend's endpoints have none on this node although the service
+ * has some elsewhere (externalTrafficPolicy Local): drop. Without it,
+ * count 0 means no endpoint at all: reject with ICMP port unreachable. */
+#define NSFE_DROP 1
+/* externalTrafficPolicy Local: never SNAT, the endpoint sees the
+ * client. */
+#define NSFE_LOCAL 2
+/* A load-balancer IP with loadBalancerSourceRanges: new flows from
+ * sources outside the group's ranges in pk_nsrange are dropped. */
+#define NSFE_RANGES 4
+
+struct nsfe_val {
+	__u32 id;           /* endpoint group: key of pk_nsbe */
+	__u32 count;        /* endpoints in slots 0..count-1 */
+	__u32 flags;        /* NSFE_* */
+	__u32 affinity_sec; /* ClientIP session affinity timeout, 0 = none */
+};
+
+struct nsbe_key {
+	__u32 id;
+	__u32 slot;
+};
+
+/* The endpoint runs on this node: no SNAT. */
+#define NSBE_LOCAL 1
+
+struct nsbe_val {
+	__be32 addr[4];
+	__be16 port;
+	__u16 flags; /* NSBE_* */
+};
+
+/* loadBalancerSourceRanges: a prefix of sources admitted to the
+ * load-balancer IPs of a group. prefixlen counts the id's 32 bits, then
+ * the address's (IPv4-mapped for IPv4: 96 + the prefix length). */
+struct nsrange_key {
+	__u32 prefixlen;
+	__u32 id;
+	__be32 addr[4];
+};
+
+/* Session affinity: a client address's endpoint in a group. */
+struct nsaff_key {
+	__be32 client[4];
+	__u32 id;
+	__u32 pad;
+};
+
+struct nsaff_val {
+	__u64 ts; /* bpf_ktime_get_ns of the last new flow */
+	struct nsbe_val ep;
+};
+
+/* How many slots an affinity hit searches for its endpoint (a removal
+ * compacts the slots). */
+#define MAX_AFFINITY_SCAN 64
+
+/* A connection tuple as it is on the wire. */
+struct tuple {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* A reverse NAT entry's record of its flow (struct nat's state): a
+ * TCP flow that both sides closed (a FIN each way) or that a RST ended,
+ * and a UDP flow idle for UDP_IDLE_SEC, give their SNAT port to a new
+ * flow that finds no free one, as conntrack lets a closed connection's
+ * tuple be taken again. */
+#define CT_FIN_IN 1  /* a FIN from the client */
+#define CT_FIN_OUT 2 /* a FIN from the endpoint */
+#define CT_RST 4     /* a RST either way */
+
+/* How long a UDP flow is idle before its SNAT port may be taken, in
+ * units of 2^30 ns (about 1.07 s): about 2 minutes, conntrack's UDP
+ * stream timeout. */
+#define UDP_IDLE_SEC 112
+
+/* The rewrite of a tracked packet: its new source and destination. */
+struct nat {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 state;  /* CT_* (reverse entries only) */
+	__u8 pad;
+	__u16 seen;  /* reverse entries: bpf_ktime_get_ns() >> 30 of the last packet, wrapping */
+};
+
+/* An interface's address of a family, the source of SNATed packets
+ * leaving through it. */
+struct ifaddr_key {
+	__u32 ifindex;
+	__u32 family; /* AF_INET or AF_INET6 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsfe_key);
+	__type(value, struct nsfe_val);
+	__uint(max_entries, 65536); /* Config.MaxServices */
+} pk_nsfe SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsbe_key);
+	__type(value, struct nsbe_val);
+	__uint(max_entries, 262144); /* Config.MaxBackends */
+} pk_nsbe SEC(".maps");
+
+/* Connection tracking: the tuple of a flow from outside, as it
+ * arrives, -> its rewrite. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tuple);
+	__type(value, struct nat);
+	__uint(max_entries, 65536); /* Config.MaxSockets */
+} pk_nsct SEC(".maps");
+
+/* Reverse NAT: the tuple of a reply, as the endpoint sends it, -> its
+ * rewrite back to the frontend and the client. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct tuple);
+	__type(value, struct nat);
+	__uint(max_entries, 65536); /* Config.MaxSockets */
+} pk_nsrev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct nsrange_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pk_nsrange SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nsaff_key);
+	__type(value, struct nsaff_val);
+	__uint(max_entries, 65536); /* Config.MaxAffinity */
+} pk_nsaff SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ifaddr_key);
+	__type(value, __be32[4]);
+	__uint(max_entries, 1024);
+} pk_ifaddr SEC(".maps");
+
+/* The node's addresses node ports open on: the socket programs' maps
+ * (bpf/sock.c), shared. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} pk_node4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsfe_key); /* port, proto and pad are 0 */
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} pk_node6 SEC(".maps");
+
+struct iphdr4 {
+	__u8 ver_ihl;
+	__u8 tos;
+	__be16 tot_len;
+	__be16 id;
+	__be16 frag_off;
+	__u8 ttl;
+	__u8 proto;
+	__sum16 check;
+	__be32 saddr;
+	__be32 daddr;
+};
+
+struct iphdr6 {
+	__be32 ver_tc_flow;
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+/* A parsed packet: its tuple and where its fields are. */
+struct pkt {
+	struct tuple t;
+	__u32 l4off;   /* offset of the TCP or UDP header */
+	__u32 csumoff; /* offset of the L4 checksum */
+	__u8 v6;
+	__u8 ttl;
+	__u8 tos;
+	__u8 tcpflags; /* the TCP header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10) */
+	__be32 flow; /* IPv6 flow info */
+	__u16 len;   /* length from the IP header on */
+};
+
+/* translate rewrites p to n and sends it on (the including file's). */
+static __always_inline int translate(CTX *ctx, const struct pkt *p, const struct nat *n);
+
+/* reject answers p, to a frontend without endpoints, with ICMP port
+ * unreachable (the including file's). */
+static __always_inline int reject(CTX *ctx, const struct pkt *p);
+
+
+static __always_inline void set_mapped(__be32 a[4], __be32 v4)
+{
+	a[0] = 0;
+	a[1] = 0;
+	a[2] = bpf_htonl(0xffff);
+	a[3] = v4;
+}
+
+static __always_inline void copy16(__be32 d[4], const __be32 s[4])
+{
+	d[0] = s[0];
+	d[1] = s[1];
+	d[2] = s[2];
+	d[3] = s[3];
+}
+
+static __always_inline int parse_l4(CTX *ctx, struct pkt *p, __u8 proto)
+{
+	__be16 ports[2];
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return -1;
+	if (pk_load(ctx, p->l4off, ports, sizeof(ports)))
+		return -1;
+	if (proto == IPPROTO_TCP && pk_load(ctx, p->l4off + 13, &p->tcpflags, 1))
+		return -1;
+	p->t.proto = proto;
+	p->t.sport = ports[0];
+	p->t.dport = ports[1];
+	p->csumoff = p->l4off + (proto == IPPROTO_TCP ? 16 : 6);
+	return 0;
+}
+
+/* parse fills p from ctx; -1 for a packet the programs leave alone. */
+static __always_inline int parse(CTX *ctx, struct pkt *p)
+{
+	__be16 proto = pk_proto(ctx);
+
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr4 h;
+
+		if (pk_load(ctx, ETH_HLEN, &h, sizeof(h)))
+			return -1;
+		if ((h.ver_ihl >> 4) != 4 || (h.ver_ihl & 0xf) < 5)
+			return -1;
+		if (h.frag_off & bpf_htons(IP_MF | IP_OFFSET))
+			return -1;
+		p->v6 = 0;
+		p->ttl = h.ttl;
+		p->tos = h.tos;
+		p->len = bpf_ntohs(h.tot_len);
+		set_mapped(p->t.saddr, h.saddr);
+		set_mapped(p->t.daddr, h.daddr);
+		p->l4off = ETH_HLEN + (h.ver_ihl & 0xf) * 4;
+		return parse_l4(ctx, p, h.proto);
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct iphdr6 h;
+
+		if (pk_load(ctx, ETH_HLEN, &h, sizeof(h)))
+			return -1;
+		if ((bpf_ntohl(h.ver_tc_flow) >> 28) != 6)
+			return -1;
+		p->v6 = 1;
+		p->ttl = h.hop_limit;
+		p->flow = h.ver_tc_flow & bpf_htonl(0x0fffffff);
+		p->len = bpf_ntohs(h.payload_len) + sizeof(h);
+		copy16(p->t.saddr, h.saddr);
+		copy16(p->t.daddr, h.daddr);
+		p->l4off = ETH_HLEN + sizeof(h);
+		return parse_l4(ctx, p, h.nexthdr);
+	}
+	return -1;
+}
+
+static __always_inline int same16(const __be32 a[4], const __be32 b[4])
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* rewrite_addr replaces the address at off (the source or destination
+ * of the IP header) and fixes the IPv4 header checksum and the L4
+ * checksum (whose pseudo-header covers it). */
+static __always_inline int rewrite_addr(CTX *ctx, const struct pkt *p, __u32 off, const __be32 old[4],
+					const __be32 new[4])
+{
+	__u64 flags = BPF_F_PSEUDO_HDR;
+	__be32 o[4], n[4];
+	__s64 diff;
+
+	if (p->t.proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	copy16(o, old);
+	copy16(n, new);
+	if (!p->v6) {
+		diff = bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
+		if (diff < 0)
+			return -1;
+		if (pk_l3_csum(ctx, ETH_HLEN + 10, 0, diff, 0))
+			return -1;
+		if (pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
+			return -1;
+		return pk_store(ctx, off, &n[3], 4, 0);
+	}
+	diff = bpf_csum_diff(o, 16, n, 16, 0);
+	if (diff < 0)
+		return -1;
+	if (pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
+		return -1;
+	return pk_store(ctx, off, n, 16, 0);
+}
+
+/* rewrite_port replaces the L4 port at off and fixes the L4 checksum. */
+static __always_inline int rewrite_port(CTX *ctx, const struct pkt *p, __u32 off, __be16 old, __be16 new)
+{
+	__u64 flags = sizeof(new);
+
+	if (p->t.proto == IPPROTO_UDP)
+		flags |= BPF_F_MARK_MANGLED_0;
+	if (pk_l4_csum(ctx, p->csumoff, old, new, flags))
+		return -1;
+	return pk_store(ctx, off, &new, sizeof(new), 0);
+}
+
+/* rewrite makes the packet's addresses and ports those of n. */
+static __always_inline int rewrite(CTX *ctx, const struct pkt *p, const struct nat *n)
+{
+	__u32 saddr = p->v6 ? ETH_HLEN + 8 : ETH_HLEN + 12;
+	__u32 daddr = p->v6 ? ETH_HLEN + 24 : ETH_HLEN + 16;
+
+	if (!same16(p->t.saddr, n->saddr) && rewrite_addr(ctx, p, saddr, p->t.saddr, n->saddr))
+		return -1;
+	if (!same16(p->t.daddr, n->daddr) && rewrite_addr(ctx, p, daddr, p->t.daddr, n->daddr))
+		return -1;
+	if (p->t.sport != n->sport && rewrite_port(ctx, p, p->l4off, p->t.sport, n->sport))
+		return -1;
+	if (p->t.dport != n->dport && rewrite_port(ctx, p, p->l4off + 2, p->t.dport, n->dport))
+		return -1;
+	return 0;
+}
+
+/* dec_ttl decrements the IPv4 TTL or the IPv6 hop limit of a packet
+ * forwarded by the program (the stack does not see it). */
+static __always_inline int dec_ttl(CTX *ctx, const struct pkt *p)
+{
+	__u8 ttl = p->ttl - 1;
+
+	if (p->v6)
+		return pk_store(ctx, ETH_HLEN + 7, &ttl, 1, 0);
+	/* The TTL is the high byte of the 16-bit word it shares with the
+	 * protocol. */
+	__be16 old = bpf_htons((__u16)p->ttl << 8 | p->t.proto);
+	__be16 new = bpf_htons((__u16)ttl << 8 | p->t.proto);
+	if (pk_l3_csum(ctx, ETH_HLEN + 10, old, new, sizeof(new)))
+		return -1;
+	return pk_store(ctx, ETH_HLEN + 8, &ttl, 1, 0);
+}
+
+/* fib looks up the route of a packet from src to dst (ports and
+ * protocol of p) arriving on the packet's interface. */
+static __always_inline long fib(CTX *ctx, const struct pkt *p, const __be32 src[4], const __be32 dst[4],
+				struct bpf_fib_lookup *f)
+{
+	__builtin_memset(f, 0, sizeof(*f));
+	f->ifindex = pk_ingress(ctx);
+	f->l4_protocol = p->t.proto;
+	f->tot_len = p->len;
+	if (p->v6) {
+		f->family = AF_INET6;
+		f->flowinfo = p->flow;
+		copy16(f->ipv6_src, src);
+		copy16(f->ipv6_dst, dst);
+	} else {
+		f->family = AF_INET;
+		f->tos = p->tos;
+		f->ipv4_src = src[3];
+		f->ipv4_dst = dst[3];
+	}
+	return bpf_fib_lookup(ctx, f, sizeof(*f), 0);
+}
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+static __always_inline __u16 now_units(void)
+{
+	return (__u16)(bpf_ktime_get_ns() >> 30);
+}
+
+/* note records a packet of a flow in its reverse entry r: its time,
+ * and a FIN (fin_bit: from which side) or RST. */
+static __always_inline void note(struct nat *r, const struct pkt *p, __u8 fin_bit)
+{
+	__u16 now = now_units();
+	__u8 state = r->state;
+
+	if (p->t.proto == IPPROTO_TCP) {
+		if (p->tcpflags & TCP_RST)
+			state |= CT_RST;
+		else if (p->tcpflags & TCP_FIN)
+			state |= fin_bit;
+	}
+	/* Written only when it changes: every packet of the flow would
+	 * otherwise dirty the entry's cache line. */
+	if (r->seen != now)
+		r->seen = now;
+	if (r->state != state)
+		r->state = state;
+}
+
+/* closed reports whether the flow of reverse entry r is over: a TCP
+ * flow closed both ways or reset, a UDP flow idle for UDP_IDLE_SEC. */
+static __always_inline int closed(const struct nat *r, __u8 proto)
+{
+	if (proto == IPPROTO_TCP)
+		return (r->state & CT_RST) || (r->state & (CT_FIN_IN | CT_FIN_OUT)) == (CT_FIN_IN | CT_FIN_OUT);
+	return (__u16)(now_units() - r->seen) >= UDP_IDLE_SEC;
+}
+
+/* reply translates a reply of a tracked flow back: its source becomes
+ * the frontend, its destination the client. */
+static __always_inline int reply(CTX *ctx, const struct pkt *p)
+{
+	struct nat *n = bpf_map_lookup_elem(&pk_nsrev, &p->t);
+
+	if (!n)
+		return -1;
+	note(n, p, CT_FIN_OUT);
+	struct nat copy = *n;
+	return translate(ctx, p, &copy);
+}
+
+/* reverse_of fills the reverse NAT entry of a flow from the client
+ * tuple t translated to n. */
+static __always_inline void reverse_of(const struct tuple *t, const struct nat *n, struct tuple *rk, struct nat *rv)
+{
+	copy16(rk->saddr, n->daddr);
+	copy16(rk->daddr, n->saddr);
+	rk->sport = n->dport;
+	rk->dport = n->sport;
+	rk->proto = t->proto;
+	rk->pad[0] = 0;
+	rk->pad[1] = 0;
+	rk->pad[2] = 0;
+	copy16(rv->saddr, t->daddr);
+	copy16(rv->daddr, t->saddr);
+	rv->sport = t->dport;
+	rv->dport = t->sport;
+	rv->state = 0;
+	rv->pad = 0;
+	rv->seen = now_units();
+}
+
+static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p);
+static __always_inline int still_in(__u32 id, __u32 count, const struct nsbe_val *ep);
+
+/* stale reports whether the UDP flow p, translated to n, goes to an
+ * endpoint that left its frontend (or a frontend that is gone): its
+ * next datagram is a new flow, as kube-proxy's conntrack cleanup makes
+ * it. TCP flows keep their endpoint, as with kube-proxy. */
+static __always_inline int stale(const struct pkt *p, const struct nat *n)
+{
+	if (p->t.proto != IPPROTO_UDP)
+		return 0;
+	struct nsfe_val *fe = lookup_fe(p);
+	if (!fe)
+		return 1;
+	struct nsbe_val ep = { .port = n->dport, .flags = 0 };
+	copy16(ep.addr, n->daddr);
+	return !still_in(fe->id, fe->count, &ep);
+}
+
+/* tracked translates a packet of a flow in pk_nsct, restoring its
+ * reverse entry if the LRU evicted it. A new TCP connection (a bare SYN)
+ * on the tuple of a closed one is a new flow: it picks its endpoint
+ * again, as conntrack reopens a closed connection's entry. */
+static __always_inline int tracked(CTX *ctx, const struct pkt *p)
+{
+	struct nat *e = bpf_map_lookup_elem(&pk_nsct, &p->t);
+	struct tuple rk;
+	struct nat rv;
+
+	if (!e)
+		return -1;
+	struct nat n = *e;
+	reverse_of(&p->t, &n, &rk, &rv);
+	struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
+	int reopen = r && p->t.proto == IPPROTO_TCP && (p->tcpflags & (TCP_SYN | TCP_ACK)) == TCP_SYN && closed(r, IPPROTO_TCP);
+	if (reopen || stale(p, &n)) {
+		bpf_map_delete_elem(&pk_nsct, &p->t);
+		bpf_map_delete_elem(&pk_nsrev, &rk);
+		return -1;
+	}
+	if (r)
+		note(r, p, CT_FIN_IN);
+	else
+		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
+	return translate(ctx, p, &n);
+}
+
+/* lookup_fe finds the frontend of p's destination: the address itself,
+ * or a node port when it is a node address. */
+static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p)
+{
+	struct nsfe_key k = {
+		.addr = { p->t.daddr[0], p->t.daddr[1], p->t.daddr[2], p->t.daddr[3] },
+		.port = p->t.dport,
+		.proto = p->t.proto,
+		.pad = 0,
+	};
+	struct nsfe_val *v = bpf_map_lookup_elem(&pk_nsfe, &k);
+
+	if (v)
+		return v;
+	if (p->v6) {
+		struct nsfe_key nk = {
+			.addr = { k.addr[0], k.addr[1], k.addr[2], k.addr[3] },
+			.port = 0,
+			.proto = 0,
+			.pad = 0,
+		};
+		if (!bpf_map_lookup_elem(&pk_node6, &nk))
+			return NULL;
+		k.addr[3] = 0;
+	} else {
+		__be32 a = k.addr[3];
+		if (!bpf_map_lookup_elem(&pk_node4, &a))
+			return NULL;
+		k.addr[3] = 0; /* ::ffff:0.0.0.0 */
+	}
+	if (p->v6) {
+		k.addr[0] = 0;
+		k.addr[1] = 0;
+		k.addr[2] = 0;
+	}
+	return bpf_map_lookup_elem(&pk_nsfe, &k);
+}
+
+/* pick_random returns a random endpoint of fe's group. */
+static __always_inline int pick_random(const struct nsfe_val *fe, struct nsbe_val *out, __u32 *slot)
+{
+	struct nsbe_key k = { .id = fe->id, .slot = bpf_get_prandom_u32() % fe->count };
+	struct nsbe_val *b = bpf_map_lookup_elem(&pk_nsbe, &k);
+
+	if (!b) {
+		/* The slots are being rewritten; slot 0 is always there. */
+		k.slot = 0;
+		b = bpf_map_lookup_elem(&pk_nsbe, &k);
+		if (!b)
+			return -1;
+	}
+	*out = *b;
+	*slot = k.slot;
+	return 0;
+}
+
+static __always_inline int same_ep(const struct nsbe_val *a, const struct nsbe_val *b)
+{
+	return a->port == b->port && same16(a->addr, b->addr);
+}
+
+/* still_in reports whether ep is still one of the first count slots of
+ * group id (looking at up to MAX_AFFINITY_SCAN slots). */
+static __always_inline int still_in(__u32 id, __u32 count, const struct nsbe_val *ep)
+{
+	for (__u32 i = 0; i < MAX_AFFINITY_SCAN; i++) {
+		if (i >= count)
+			break;
+		struct nsbe_key k = { .id = id, .slot = i };
+		struct nsbe_val *b = bpf_map_lookup_elem(&pk_nsbe, &k);
+		if (b && same_ep(b, ep))
+			return 1;
+	}
+	return 0;
+}
+
+/* pick returns the endpoint of a new flow from client to fe: the
+ * client's endpoint of the group while its affinity lasts, else a
+ * random one. */
+static __always_inline int pick(const struct nsfe_val *fe, const __be32 client[4], struct nsbe_val *out)
+{
+	__u32 slot;
+
+	if (!fe->affinity_sec)
+		return pick_random(fe, out, &slot);
+	struct nsaff_key ak = { .client = { client[0], client[1], client[2], client[3] }, .id = fe->id, .pad = 0 };
+	struct nsaff_val *av = bpf_map_lookup_elem(&pk_nsaff, &ak);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 timeout = (__u64)fe->affinity_sec * 1000000000ULL;
+
+	if (av && now - av->ts <= timeout && still_in(fe->id, fe->count, &av->ep)) {
+		av->ts = now;
+		*out = av->ep;
+		return 0;
+	}
+	if (pick_random(fe, out, &slot))
+		return -1;
+	struct nsaff_val nv = { .ts = now, .ep = *out };
+	bpf_map_update_elem(&pk_nsaff, &ak, &nv, BPF_ANY);
+	return 0;
+}
+
+/* snat_addr finds the node's address on the interface the route to
+ * the endpoint leaves through. */
+static __always_inline int snat_addr(CTX *ctx, const struct pkt *p, const __be32 ep[4], __be32 out[4])
+{
+	struct bpf_fib_lookup f;
+	long rc = fib(ctx, p, p->t.saddr, ep, &f);
+
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return -1;
+	struct ifaddr_key k = { .ifindex = f.ifindex, .family = p->v6 ? AF_INET6 : AF_INET };
+	__be32 *a = bpf_map_lookup_elem(&pk_ifaddr, &k);
+	if (!a)
+		return -1;
+	copy16(out, a);
+	return 0;
+}
+
+/* take gives the SNAT port of the closed flow whose reverse entry is
+ * at rk to the new flow p (translated to n): the old flow's tracking
+ * entry goes (its client tuple is the reverse of its reverse entry's
+ * rewrite), the reverse entry becomes the new flow's. */
+static __always_inline int take(const struct pkt *p, struct nat *n, const struct tuple *rk, const struct nat *rv)
+{
+	struct nat *old = bpf_map_lookup_elem(&pk_nsrev, rk);
+
+	if (old) {
+		struct tuple ot = {
+			.saddr = { old->daddr[0], old->daddr[1], old->daddr[2], old->daddr[3] },
+			.daddr = { old->saddr[0], old->saddr[1], old->saddr[2], old->saddr[3] },
+			.sport = old->dport,
+			.dport = old->sport,
+			.proto = p->t.proto,
+		};
+		bpf_map_delete_elem(&pk_nsct, &ot);
+	}
+	if (bpf_map_update_elem(&pk_nsrev, rk, rv, BPF_ANY))
+		return -1;
+	return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+}
+
+/* claim records a new flow: its reverse entry (with a free SNAT port
+ * when it is SNATed: the reverse tuple must be unique) and its
+ * tracking entry. A SNATed flow tries SNAT_TRIES random ports; when none
+ * is free it takes the first of them whose flow is over (closed). */
+static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
+{
+	struct tuple rk;
+	struct nat rv;
+	__u32 span = (__u32)snat_port_max - snat_port_min + 1;
+	__be16 reuse = 0;
+
+	if (!snat) {
+		reverse_of(&p->t, n, &rk, &rv);
+		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
+		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+	}
+	for (int i = 0; i < SNAT_TRIES; i++) {
+		n->sport = bpf_htons((__u16)(snat_port_min + bpf_get_prandom_u32() % span));
+		reverse_of(&p->t, n, &rk, &rv);
+		if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
+			return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+		if (!reuse) {
+			struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
+			if (r && closed(r, p->t.proto))
+				reuse = n->sport;
+		}
+	}
+	if (!reuse)
+		return -1;
+	n->sport = reuse;
+	reverse_of(&p->t, n, &rk, &rv);
+	return take(p, n, &rk, &rv);
+}
+
+/* admitted reports whether one of the source ranges of fe's group
+ * holds src. */
+static __always_inline int admitted(const struct nsfe_val *fe, const __be32 src[4])
+{
+	struct nsrange_key k = {
+		.prefixlen = 32 + 128,
+		.id = fe->id,
+		.addr = { src[0], src[1], src[2], src[3] },
+	};
+
+	return bpf_map_lookup_elem(&pk_nsrange, &k) != NULL;
+}
+
+/* frontend translates the first packet of a flow to a frontend. From
+ * outside (from_pod 0), a flow to a remote endpoint is SNATed to the
+ * node unless the policy is Local; from a pod (a socket the connect
+ * programs did not translate), only a flow to the pod itself
+ * (hairpin) is. */
+static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod)
+{
+	struct nsfe_val *fe = lookup_fe(p);
+	struct nsbe_val ep;
+	struct nat n = {};
+	int snat;
+
+	if (!fe)
+		return -1;
+	if ((fe->flags & NSFE_RANGES) && !admitted(fe, p->t.saddr))
+		return V_DROP;
+	if (fe->count == 0 && (fe->flags & NSFE_DROP))
+		return V_DROP;
+	if (fe->count == 0)
+		return reject(ctx, p);
+	if (pick(fe, p->t.saddr, &ep))
+		return V_DROP;
+	copy16(n.daddr, ep.addr);
+	n.dport = ep.port;
+	copy16(n.saddr, p->t.saddr);
+	n.sport = p->t.sport;
+	if (from_pod)
+		snat = same16(ep.addr, p->t.saddr);
+	else
+		snat = !(fe->flags & NSFE_LOCAL) && !(ep.flags & NSBE_LOCAL);
+	if (snat && snat_addr(ctx, p, ep.addr, n.saddr))
+		return V_DROP;
+	if (claim(p, &n, snat))
+		return V_DROP;
+	return translate(ctx, p, &n);
+}
+
+/* serve translates replies, tracked flows and new flows to frontends;
+ * anything else goes on. */
+static __always_inline int serve(CTX *ctx, int from_pod)
+{
+	struct pkt p = {};
+	int v;
+
+	if (parse(ctx, &p))
+		return V_NEXT;
+	if ((v = reply(ctx, &p)) >= 0)
+		return v;
+	if ((v = tracked(ctx, &p)) >= 0)
+		return v;
+	if ((v = frontend(ctx, &p, from_pod)) >= 0)
+		return v;
+	return V_NEXT;
+}
+
+#endif /* PROXYKIT_NODEPORT_H */
