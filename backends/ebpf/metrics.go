@@ -1,6 +1,11 @@
 package ebpf
 
 import (
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxykit/proxykit/model"
@@ -14,6 +19,12 @@ import (
 type mapMetrics struct {
 	entries  *prometheus.GaugeVec
 	pressure *prometheus.GaugeVec
+	// ctEntries and ctPressure are the fill of the tc plane's
+	// connection tracking maps (pk_nsct, pk_nsrev), which the programs
+	// write: counted in the kernel at a sync, at most every
+	// ctCountInterval.
+	ctEntries  *prometheus.GaugeVec
+	ctPressure *prometheus.GaugeVec
 }
 
 // newMapMetrics returns the map gauges, registered with cfg.Registerer
@@ -32,8 +43,18 @@ func newMapMetrics(cfg proxier.Config) (*mapMetrics, error) {
 			Help:        "Fill ratio of an eBPF map: entries over the map's configured size (MaxServices, MaxBackends, MaxMaglevTables).",
 			ConstLabels: labels,
 		}, []string{"map"}),
+		ctEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name:        "proxykit_ebpf_ct_entries",
+			Help:        "Flows in a connection tracking map of the tc north-south programs (pk_nsct: client tuples, pk_nsrev: reply tuples), counted in the kernel at a sync, at most every 10 s.",
+			ConstLabels: labels,
+		}, []string{"map"}),
+		ctPressure: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name:        "proxykit_ebpf_ct_pressure",
+			Help:        "Fill ratio of a connection tracking map of the tc north-south programs: entries over its size (MaxSockets). Near 1 the LRU map evicts live flows.",
+			ConstLabels: labels,
+		}, []string{"map"}),
 	}
-	return m, proxier.Register(cfg.Registerer, &m.entries, &m.pressure)
+	return m, proxier.Register(cfg.Registerer, &m.entries, &m.pressure, &m.ctEntries, &m.ctPressure)
 }
 
 // observe records the fill of family f's maps in st, of the sizes cfg
@@ -54,6 +75,57 @@ func (m *mapMetrics) observe(f model.IPFamily, st *state, cfg *Config) {
 		m.entries.WithLabelValues(x.name).Set(float64(x.used))
 		if x.max > 0 {
 			m.pressure.WithLabelValues(x.name).Set(float64(x.used) / float64(x.max))
+		}
+	}
+}
+
+// observeCT records that the connection tracking map name of max
+// entries holds n.
+func (m *mapMetrics) observeCT(name string, n, max int) {
+	m.ctEntries.WithLabelValues(name).Set(float64(n))
+	if max > 0 {
+		m.ctPressure.WithLabelValues(name).Set(float64(n) / float64(max))
+	}
+}
+
+// ctBatch is how many entries one batch lookup of a connection
+// tracking map returns when counting it. Larger batches save syscalls
+// but not time: the kernel's copying of each entry dominates
+// (BenchmarkCTCount, the same from 256 to 16,384).
+const ctBatch = 1024
+
+// entryCounter counts the entries of a hash map with batch lookups
+// (kernel 5.6+) into buffers of the map's own key and value sizes, kept
+// across calls: counting allocates nothing and does not depend on the
+// layout of the keys and values. Not safe for concurrent use.
+type entryCounter struct {
+	m          *ebpf.Map
+	name       string
+	keys, vals any
+}
+
+// newEntryCounter returns a counter of the entries of m, named name.
+func newEntryCounter(m *ebpf.Map, name string) *entryCounter {
+	buf := func(size uint32) any {
+		t := reflect.SliceOf(reflect.ArrayOf(int(size), reflect.TypeFor[byte]()))
+		return reflect.MakeSlice(t, ctBatch, ctBatch).Interface()
+	}
+	return &entryCounter{m: m, name: name, keys: buf(m.KeySize()), vals: buf(m.ValueSize())}
+}
+
+// count returns how many entries the map holds. Entries the programs
+// add or remove meanwhile may or may not be counted.
+func (c *entryCounter) count() (int, error) {
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := c.m.BatchLookup(&cursor, c.keys, c.vals, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if err != nil {
+			return total, fmt.Errorf("count %s: %w", c.name, err)
 		}
 	}
 }
