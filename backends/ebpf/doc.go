@@ -80,7 +80,10 @@
 // tracking and reverse NAT in LRU maps, forwarding with bpf_fib_lookup
 // and bpf_redirect_neigh, ICMP port unreachable for services without
 // endpoints, drop for Local without a local endpoint. Programs attach
-// with tcx links (kernel 6.6+) or a clsact qdisc and a cls_bpf filter.
+// with tcx links (kernel 6.6+) or a clsact qdisc and a cls_bpf filter,
+// at every sync to the interfaces present then, known by index: an
+// interface deleted and created again gets its program at the next
+// sync.
 // See README.md for what is not there yet (SCTP, the node's own output
 // path, pinning across restarts).
 //

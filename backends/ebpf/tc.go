@@ -321,8 +321,11 @@ func (p *tcPlane) external(d tcDevice) bool {
 
 // refresh attaches the programs to the interfaces that appeared (or
 // changed role) since the last call, forgets those that are gone, and
-// writes the interfaces' addresses (the SNAT sources) to pk_ifaddr. It
-// also counts the connection tracking maps for the metrics.
+// writes the interfaces' addresses (the SNAT sources) to pk_ifaddr. An
+// interface deleted and created again under its name has a new index:
+// it is attached as a new one, and the old index's attachment and
+// addresses are dropped. It also counts the connection tracking maps
+// for the metrics.
 func (p *tcPlane) refresh() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
