@@ -27,6 +27,9 @@ var DefaultModules = []string{
 	"crc32c_generic",
 	// links
 	"dummy", "veth",
+	// tc: the clsact qdisc and the bpf classifier (the eBPF backend's
+	// NorthSouth tc where the kernel has no tcx, as Debian's 6.1)
+	"sch_ingress", "cls_bpf",
 	// connection tracking and NAT
 	"nf_conntrack", "nf_conntrack_netlink", "nf_nat", "nf_defrag_ipv4", "nf_defrag_ipv6",
 	// IPVS and its schedulers
