@@ -84,8 +84,23 @@
 // at every sync to the interfaces present then, known by index: an
 // interface deleted and created again gets its program at the next
 // sync.
+// SNATed flows take source ports from Config.NorthSouthSNATPorts; a
+// closed TCP flow's port and an idle UDP flow's are taken again.
+//
+// # North-south: XDP
+//
+// With [NorthSouthXDP] an XDP program (bpf/xdp.c, the same datapath in
+// bpf/nodeport.h) runs in native mode on the external interfaces in
+// front of the tc programs. A packet whose translation leaves through
+// an interface taking XDP frames (back out of the one it came in on:
+// XDP_TX; another listed in pk_xdptx: XDP_REDIRECT) never becomes an
+// skb; every other packet (to a pod's veth, an unresolved neighbour, a
+// reject) goes on untranslated to tc, which finds the flow XDP
+// recorded. XDP never sends out of a veth (its peer may not take XDP
+// frames), and an interface without native XDP is served by tc alone.
+//
 // See README.md for what is not there yet (SCTP, the node's own output
-// path, pinning across restarts).
+// path, pinning across restarts, DSR).
 //
 // # Lifetimes and contracts
 //

@@ -109,12 +109,15 @@ type Config struct {
 	TableName string
 	// NorthSouth chooses what serves traffic from outside the node
 	// (node ports, external and load-balancer IPs): [NorthSouthNFTables]
-	// (empty: the composed nftables table) or [NorthSouthTC] (tc
-	// programs, no netfilter rule; see tc.go). Ignored with SocketOnly
-	// unless it is [NorthSouthTC], which SocketOnly contradicts.
+	// (empty: the composed nftables table), [NorthSouthTC] (tc
+	// programs, no netfilter rule; see tc.go) or [NorthSouthXDP] (an
+	// XDP program in front of the tc programs; see xdp.go). Ignored
+	// with SocketOnly unless it is tc or xdp, which SocketOnly
+	// contradicts.
 	NorthSouth NorthSouth
 	// NorthSouthDevices names the node's external interfaces, where
-	// the tc programs serve frontends with [NorthSouthTC]. Empty means
+	// the tc (and XDP) programs serve frontends with [NorthSouthTC] and
+	// [NorthSouthXDP]. Empty means
 	// every Ethernet interface of NetNS holding a global address with a
 	// prefix shorter than a host route. Every other Ethernet interface
 	// (the node side of pod veths) gets the program that translates
@@ -132,6 +135,9 @@ type Config struct {
 	// cls_bpf filter even where the kernel has tcx (6.6+): tests cover
 	// both paths with it.
 	tcLegacy bool
+	// xdpVeth lets the XDP program send out of veths (NorthSouthXDP):
+	// tests whose veth peers take XDP frames set it.
+	xdpVeth bool
 
 	// MaxServices bounds the frontends (cluster IP, node port, external
 	// and load-balancer IP, each per port) per family. Zero means

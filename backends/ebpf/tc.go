@@ -46,13 +46,13 @@ func (c *Config) checkNorthSouth() error {
 	switch c.NorthSouth {
 	case "", NorthSouthNFTables:
 		return nil
-	case NorthSouthTC:
+	case NorthSouthTC, NorthSouthXDP:
 		if c.SocketOnly {
-			return errors.New("ebpf: Config.NorthSouth tc and Config.SocketOnly contradict each other")
+			return fmt.Errorf("ebpf: Config.NorthSouth %s and Config.SocketOnly contradict each other", c.NorthSouth)
 		}
 		return nil
 	}
-	return fmt.Errorf("ebpf: unknown Config.NorthSouth %q (want %q or %q)", c.NorthSouth, NorthSouthNFTables, NorthSouthTC)
+	return fmt.Errorf("ebpf: unknown Config.NorthSouth %q (want %q, %q or %q)", c.NorthSouth, NorthSouthNFTables, NorthSouthTC, NorthSouthXDP)
 }
 
 // Map names of bpf/nodeport.c.
@@ -92,6 +92,9 @@ type tcPlane struct {
 	atts map[int]*tcAttachment
 	// ifaddrs is what pk_ifaddr holds.
 	ifaddrs map[ifaddrKey][16]byte
+	// xdp is the XDP program in front of the tc programs on the
+	// external interfaces, with NorthSouthXDP (else nil).
+	xdp *xdpPart
 	// metrics receives the fill of the connection tracking maps, which
 	// ct counts at a refresh, at most every ctEvery (the last count at
 	// ctAt); ct is empty without Config.Registerer.
@@ -129,7 +132,7 @@ type ifaddrKey struct {
 // nothing is attached before the first sync. It holds one reference,
 // dropped with release.
 func newTCPlaneFor(cfg Config, dp *dataplane) (*tcPlane, error) {
-	if cfg.NorthSouth != NorthSouthTC {
+	if cfg.NorthSouth != NorthSouthTC && cfg.NorthSouth != NorthSouthXDP {
 		return nil, nil
 	}
 	if err := probeTC(); err != nil {
@@ -219,6 +222,12 @@ func (p *tcPlane) load(dp *dataplane) error {
 	if err := spec.LoadAndAssign(&p.objs, opts); err != nil {
 		return tcLoadError(err)
 	}
+	if p.cfg.NorthSouth == NorthSouthXDP {
+		if err := p.loadXDP(); err != nil {
+			p.objs.Close()
+			return err
+		}
+	}
 	return nil
 }
 
@@ -255,7 +264,7 @@ func (p *tcPlane) release() error {
 	}
 	p.closed = true
 	err := p.detachAllLocked()
-	return errors.Join(err, p.objs.Close(), p.nsClose())
+	return errors.Join(err, p.closeXDPLocked(), p.objs.Close(), p.nsClose())
 }
 
 func (p *tcPlane) nsClose() error {
@@ -360,6 +369,7 @@ func (p *tcPlane) refresh() error {
 			delete(p.atts, idx)
 		}
 	}
+	errs = append(errs, p.refreshXDPLocked(devs))
 	return errors.Join(errs...)
 }
 
@@ -524,7 +534,7 @@ func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilt
 
 // detachAllLocked removes every attachment of this plane.
 func (p *tcPlane) detachAllLocked() error {
-	var errs []error
+	errs := []error{p.detachXDPLocked()}
 	for idx, a := range p.atts {
 		if a.link != nil {
 			errs = append(errs, a.link.Close())
