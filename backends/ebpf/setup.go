@@ -131,13 +131,19 @@ type Config struct {
 	// taken again when no free one is found. Zero means
 	// [DefaultSNATPortMin]-[DefaultSNATPortMax].
 	NorthSouthSNATPorts [2]uint16
+	// NorthSouthXDPVeth lets the XDP program of [NorthSouthXDP] send
+	// packets out of external interfaces that are veths. Set it only
+	// where the far end of every such veth takes XDP frames (it runs
+	// an XDP program, or has GRO on: the kernel drops them otherwise)
+	// and sends complete checksums (no transmit checksum offload, as
+	// packets from the wire have them: XDP cannot finish a partial
+	// one), as in test rigs and nested nodes. Without it the XDP
+	// program passes such packets on to tc.
+	NorthSouthXDPVeth bool
 	// tcLegacy attaches the tc programs with a clsact qdisc and a
 	// cls_bpf filter even where the kernel has tcx (6.6+): tests cover
 	// both paths with it.
 	tcLegacy bool
-	// xdpVeth lets the XDP program send out of veths (NorthSouthXDP):
-	// tests whose veth peers take XDP frames set it.
-	xdpVeth bool
 
 	// MaxServices bounds the frontends (cluster IP, node port, external
 	// and load-balancer IP, each per port) per family. Zero means

@@ -22,7 +22,8 @@ import (
 //
 // A veth takes XDP frames only when its peer has GRO on or an XDP
 // program (a kernel rule the node side cannot see), so XDP sends
-// nothing out of a veth: there it passes to tc.
+// nothing out of a veth (there it passes to tc) unless
+// Config.NorthSouthXDPVeth says the peers do.
 const NorthSouthXDP NorthSouth = "xdp"
 
 // Map names of bpf/xdp.c's own maps.
@@ -46,8 +47,7 @@ type xdpPart struct {
 	links map[int]xdpAttachment
 	// tx is what pk_xdptx holds.
 	tx map[uint32]bool
-	// veth lets XDP send out of veths too: tests whose veth peers take
-	// XDP frames (GRO on) set it.
+	// veth lets XDP send out of veths too (Config.NorthSouthXDPVeth).
 	veth bool
 }
 
@@ -87,7 +87,7 @@ func (p *tcPlane) loadXDP() error {
 	for _, ms := range spec.Maps {
 		ms.Pinning = ebpf.PinNone
 	}
-	x := &xdpPart{links: map[int]xdpAttachment{}, tx: map[uint32]bool{}, veth: p.cfg.xdpVeth}
+	x := &xdpPart{links: map[int]xdpAttachment{}, tx: map[uint32]bool{}, veth: p.cfg.NorthSouthXDPVeth}
 	if err := spec.LoadAndAssign(&x.objs, &ebpf.CollectionOptions{MapReplacements: shared}); err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {

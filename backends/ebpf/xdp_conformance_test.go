@@ -17,7 +17,7 @@ import (
 func TestConformanceXDP(t *testing.T) {
 	f := factory(t, func(c *Config) {
 		c.NorthSouth = NorthSouthXDP
-		c.xdpVeth = true
+		c.NorthSouthXDPVeth = true
 	})
 	xf := func(tb testing.TB, cfg proxier.Config) proxier.Proxier {
 		wireLikePeers(tb, cfg.NetNS)

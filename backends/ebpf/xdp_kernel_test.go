@@ -91,7 +91,7 @@ const (
 // XDP frames (an XDP program of their own, the kernel's rule for a veth
 // peer) and send complete checksums (no transmit offload), as a NIC
 // receives them from the wire; so the XDP program may send out of
-// node1's veths (xdpVeth).
+// node1's veths (NorthSouthXDPVeth).
 func newXDPFixture(t *testing.T, f model.IPFamily) *tcFixture {
 	t.Helper()
 	testnet.RequireCommand(t, "nft")
@@ -99,7 +99,7 @@ func newXDPFixture(t *testing.T, f model.IPFamily) *tcFixture {
 	x := newFixture(t, f, func(c *Config) {
 		c.SocketOnly = false
 		c.NorthSouth = NorthSouthXDP
-		c.xdpVeth = true
+		c.NorthSouthXDPVeth = true
 	})
 	wireLikePeers(t, x.tn.Node1.Path())
 	return &tcFixture{fixture: x, client: x.tn.Client}
