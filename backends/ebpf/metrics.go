@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,38 @@ type mapMetrics struct {
 	// ctCountInterval.
 	ctEntries  *prometheus.GaugeVec
 	ctPressure *prometheus.GaugeVec
+	// xdp counts what the XDP program did, read from the kernel at
+	// scrape time (NorthSouthXDP only).
+	xdp *xdpCollector
+}
+
+// xdpCollector reports proxykit_ebpf_xdp_packets_total from the XDP
+// program's per-CPU counters, once a tc plane with XDP gave it read.
+type xdpCollector struct {
+	desc *prometheus.Desc
+	read atomic.Pointer[func() (tx, redirect, pass uint64, err error)]
+}
+
+// Describe implements prometheus.Collector.
+func (c *xdpCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector: nothing before the XDP
+// program is loaded, or when its counters cannot be read.
+func (c *xdpCollector) Collect(ch chan<- prometheus.Metric) {
+	read := c.read.Load()
+	if read == nil {
+		return
+	}
+	tx, redirect, pass, err := (*read)()
+	if err != nil {
+		return
+	}
+	for _, x := range []struct {
+		action string
+		n      uint64
+	}{{"tx", tx}, {"redirect", redirect}, {"pass", pass}} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(x.n), x.action)
+	}
 }
 
 // newMapMetrics returns the map gauges, registered with cfg.Registerer
@@ -53,6 +86,12 @@ func newMapMetrics(cfg proxier.Config) (*mapMetrics, error) {
 			Help:        "Fill ratio of a connection tracking map of the tc north-south programs: entries over its size (MaxSockets). Near 1 the LRU map evicts live flows.",
 			ConstLabels: labels,
 		}, []string{"map"}),
+		xdp: &xdpCollector{desc: prometheus.NewDesc("proxykit_ebpf_xdp_packets_total",
+			"Packets the XDP north-south program served, by what it did: tx (translated, sent back out of the interface it came in on), redirect (translated, sent out of another), pass (left to the tc program behind it).",
+			[]string{"action"}, labels)},
+	}
+	if err := proxier.Register(cfg.Registerer, &m.xdp); err != nil {
+		return nil, err
 	}
 	return m, proxier.Register(cfg.Registerer, &m.entries, &m.pressure, &m.ctEntries, &m.ctPressure)
 }

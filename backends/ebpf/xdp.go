@@ -96,6 +96,10 @@ func (p *tcPlane) loadXDP() error {
 		return loadError("the XDP program (bpf/xdp.c)", err)
 	}
 	p.xdp = x
+	if p.metrics != nil {
+		read := p.xdpCounts
+		p.metrics.xdp.read.Store(&read)
+	}
 	return nil
 }
 

@@ -10,8 +10,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -92,7 +94,7 @@ const (
 // peer) and send complete checksums (no transmit offload), as a NIC
 // receives them from the wire; so the XDP program may send out of
 // node1's veths (NorthSouthXDPVeth).
-func newXDPFixture(t *testing.T, f model.IPFamily) *tcFixture {
+func newXDPFixture(t *testing.T, f model.IPFamily, reg prometheus.Registerer) *tcFixture {
 	t.Helper()
 	testnet.RequireCommand(t, "nft")
 	testnet.RequireCommand(t, "iptables-save")
@@ -100,6 +102,7 @@ func newXDPFixture(t *testing.T, f model.IPFamily) *tcFixture {
 		c.SocketOnly = false
 		c.NorthSouth = NorthSouthXDP
 		c.NorthSouthXDPVeth = true
+		c.Registerer = reg
 	})
 	wireLikePeers(t, x.tn.Node1.Path())
 	return &tcFixture{fixture: x, client: x.tn.Client}
@@ -136,7 +139,8 @@ func wireLikePeers(t testing.TB, node1 string) {
 // endpoints is rejected by tc behind it. node1 holds no netfilter rule.
 func TestXDPNorthSouth(t *testing.T) {
 	forFamilies(t, func(t *testing.T, f model.IPFamily) {
-		x := newXDPFixture(t, f)
+		reg := prometheus.NewRegistry()
+		x := newXDPFixture(t, f, reg)
 		var svcs []testSvc
 		for i, proto := range []model.Protocol{model.TCP, model.UDP} {
 			p := strings.ToLower(string(proto))
@@ -182,6 +186,13 @@ func TestXDPNorthSouth(t *testing.T) {
 		}
 		if pass == 0 {
 			t.Error("XDP passed nothing to tc: the local pod and the reject must go there")
+		}
+		// proxykit_ebpf_xdp_packets_total reads the same counters.
+		m := backendtest.Metrics(t, reg, "action")
+		for action, n := range map[string]uint64{"tx": tx, "redirect": redirect, "pass": pass} {
+			if got := m["proxykit_ebpf_xdp_packets_total/"+action]; got < float64(n) {
+				t.Errorf("proxykit_ebpf_xdp_packets_total{action=%q} = %v, want at least %d (%v)", action, got, n, m)
+			}
 		}
 		x.noNetfilter()
 	})
