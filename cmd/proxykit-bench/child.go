@@ -112,6 +112,8 @@ type childResult struct {
 	// CRR and UDP are the data-path children's runs.
 	CRR *crrResult `json:",omitempty"`
 	UDP *udpResult `json:",omitempty"`
+	// XDP are the data-path proxier's XDP counters.
+	XDP *xdpCounts `json:",omitempty"`
 }
 
 func readParams(in *bufio.Reader, v any) error {

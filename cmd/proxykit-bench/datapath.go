@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -9,14 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -71,11 +69,17 @@ var dpPaths = []dpPath{
 	{Name: "ebpf", Label: "ebpf (+ nftables north-south)", Backend: "ebpf"},
 	{Name: "ebpf-tc", Label: "ebpf (tc north-south, SNAT)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc"}},
 	{Name: "ebpf-tc-dsr", Label: "ebpf (tc north-south, DSR)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc", "NorthSouthMode": "dsr"}},
-	{Name: "ebpf-xdp", Label: "ebpf (XDP north-south)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "xdp"}},
+	// The rig's veth peers take XDP frames and send complete checksums
+	// (datapath_wire.go), so XDP may send out of node1's veths.
+	{Name: "ebpf-xdp", Label: "ebpf (XDP north-south)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "xdp", "NorthSouthXDPVeth": "true"}},
 	{Name: refNFT, Label: "kube-proxy nftables (nft -f)", Ref: refNFT},
 	{Name: refIPTablesNFT, Label: "kube-proxy iptables, nft", Ref: refIPTablesNFT},
 	{Name: refIPTablesLegacy, Label: "kube-proxy iptables, legacy", Ref: refIPTablesLegacy},
 }
+
+// xdp says the path runs the eBPF backend's XDP program, whose counters
+// each run reads.
+func (p dpPath) xdp() bool { return p.EBPF["NorthSouth"] == "xdp" }
 
 func dpPathNames() []string {
 	var out []string
@@ -328,6 +332,7 @@ type dpLive struct {
 	path    dpPath
 	c       *DPCase
 	t       *testnet.Topology
+	wire    *wireLike
 	proxier *child // nil for direct and the references
 	server  *child
 	cg      string
@@ -470,6 +475,9 @@ func (r *runner) dpSetup(ctx context.Context, p dpPath, c *DPCase) *dpLive {
 	if l.dstMAC, err = macOf(t.Node1.NS, "client"); err != nil {
 		return fail(err)
 	}
+	if l.wire, err = makeWireLike(t); err != nil {
+		return fail(err)
+	}
 	if r.o.DPNAPI {
 		// node1 receives from the client in a kernel thread of its own
 		// (threaded NAPI, which a veth does with GRO on): its whole
@@ -493,7 +501,7 @@ func (r *runner) dpSetup(ctx context.Context, p dpPath, c *DPCase) *dpLive {
 	}
 	switch {
 	case p.Backend != "":
-		pp := dpProxierParams{Backend: p.Backend, EBPF: p.EBPF, NetNS: t.Node1.Path(), Size: c.Size, Endpoint: pod.IPv4}
+		pp := dpProxierParams{Backend: p.Backend, EBPF: p.EBPF, NetNS: t.Node1.Path(), Size: c.Size, Endpoint: pod.IPv4, XDPCounters: p.xdp()}
 		switch p.Backend {
 		case "iptables-nft":
 			pp.IPTMode = "nft"
@@ -594,12 +602,54 @@ func macOf(ns *testnet.NS, device string) (string, error) {
 	return mac, err
 }
 
-// dpMeasure makes one round of a path: a TCP_CRR run and a UDP run.
+// dpXDP reads node1's XDP counters from the path's proxier.
+func dpXDP(l *dpLive) (xdpCounts, error) {
+	if _, err := l.proxier.stdin.Write([]byte("xdp\n")); err != nil {
+		return xdpCounts{}, fmt.Errorf("XDP counters: %w", err)
+	}
+	res, err := l.proxier.read()
+	if err != nil {
+		return xdpCounts{}, fmt.Errorf("XDP counters: %w", err)
+	}
+	if res.XDP == nil {
+		return xdpCounts{}, errors.New("XDP counters: none")
+	}
+	return *res.XDP, nil
+}
+
+// dpXDPStart returns a function that, at the end of a run, returns
+// what node1's XDP program did since dpXDPStart: nil on a path without
+// one, an error when XDP redirected nothing (tc did the work, which
+// would make the path's figures tc's).
+func dpXDPStart(l *dpLive) func() (*xdpCounts, error) {
+	if !l.path.xdp() {
+		return func() (*xdpCounts, error) { return nil, nil }
+	}
+	x0, err0 := dpXDP(l)
+	return func() (*xdpCounts, error) {
+		if err0 != nil {
+			return nil, err0
+		}
+		x1, err := dpXDP(l)
+		if err != nil {
+			return nil, err
+		}
+		d := x1.sub(x0)
+		if d.Redirect == 0 {
+			return &d, fmt.Errorf("XDP redirected nothing (%d sent back out, %d passed to tc): tc did the work", d.TX, d.Pass)
+		}
+		return &d, nil
+	}
+}
+
+// dpMeasure makes one round of a path: a TCP_CRR run and a UDP run. On
+// a path with XDP, a run in which XDP redirected nothing failed.
 func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 	c, t := l.c, l.t
 	bound := r.o.DPWarmup + r.o.DPRun + 30*time.Second
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	xdpEnd := dpXDPStart(l)
 	ch, err := r.startChild(cctx, roleCRRClient, "crr-client", crrClientParams{
 		NetNS: t.Client.Path(), Dst: l.dstTCP, Clients: r.o.DPClients,
 		WarmupMS: r.o.DPWarmup.Milliseconds(), RunMS: r.o.DPRun.Milliseconds(),
@@ -608,10 +658,15 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 		var res childResult
 		if res, err = ch.read(); err == nil {
 			err = ch.wait()
-			c.TCP = append(c.TCP, res.CRR)
-			r.logf("data path %s %s: TCP_CRR %.0f/s, p50 %.0f µs, p99 %.0f µs, %d errors", c.Label, c.Size, res.CRR.PerSec, res.CRR.Latency.Median, res.CRR.Latency.P99, res.CRR.Errors)
 		}
 		ch.kill()
+		if err == nil {
+			res.CRR.XDP, err = xdpEnd()
+		}
+		if err == nil {
+			c.TCP = append(c.TCP, res.CRR)
+			r.logf("data path %s %s: TCP_CRR %.0f/s, p50 %.0f µs, p99 %.0f µs, %d errors%s", c.Label, c.Size, res.CRR.PerSec, res.CRR.Latency.Median, res.CRR.Latency.P99, res.CRR.Errors, res.CRR.XDP.describe())
+		}
 	}
 	if err != nil {
 		c.Errors = append(c.Errors, oneLine("TCP_CRR: "+err.Error()))
@@ -630,6 +685,7 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 			{Name: "endpoint", NetNS: t.Node2.Pods[0].Path(), Device: "eth0"},
 		},
 	}
+	xdpEnd = dpXDPStart(l)
 	ch, err = r.startChild(cctx, roleUDPSender, "udp-sender", p)
 	if err == nil {
 		var res childResult
@@ -641,9 +697,12 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 			err = fmt.Errorf("no datagram reached the endpoint (%d sent)", res.UDP.Sent)
 		}
 		if err == nil {
+			res.UDP.XDP, err = xdpEnd()
+		}
+		if err == nil {
 			c.UDP = append(c.UDP, res.UDP)
 			u := udpFigures(res.UDP)
-			r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop)
+			r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%%s", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop, res.UDP.XDP.describe())
 		}
 	}
 	if err != nil {
@@ -673,6 +732,11 @@ func (r *runner) dpTeardown(l *dpLive) {
 	if l.server != nil {
 		l.server.kill()
 	}
+	if l.wire != nil {
+		if err := l.wire.Close(); err != nil {
+			r.logf("teardown: %v", err)
+		}
+	}
 	r.flushRuleset(l.t)
 	if err := l.t.Close(); err != nil {
 		r.logf("teardown: %v", err)
@@ -692,35 +756,11 @@ func (c *DPCase) summary() string {
 }
 
 // setGRO turns generic receive offload of a namespace's interface on or
-// off, with the ETHTOOL_SGRO ioctl. On a veth it also switches the
-// receiving side to NAPI, which threaded NAPI needs.
+// off. On a veth it also switches the receiving side to NAPI, which
+// threaded NAPI needs.
 func setGRO(ns *testnet.NS, device string, on bool) error {
-	return ns.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		v := struct{ cmd, data uint32 }{cmd: ethtoolSGRO}
-		if on {
-			v.data = 1
-		}
-		var req struct {
-			name [unix.IFNAMSIZ]byte
-			data unsafe.Pointer
-			_    [8]byte
-		}
-		copy(req.name[:], device)
-		req.data = unsafe.Pointer(&v)
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&req))); errno != 0 {
-			return fmt.Errorf("ETHTOOL_SGRO %s: %w", device, errno)
-		}
-		runtime.KeepAlive(&v)
-		return nil
-	})
+	return ethtoolSet(ns, device, ethtoolSGRO, on)
 }
-
-const ethtoolSGRO = 0x2c
 
 // setSysfs writes a file of /sys/class/net/DEVICE in namespace ns
 // (sysfs shows a namespace's devices only to a sysfs mounted in it,

@@ -19,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/netns"
@@ -59,12 +60,77 @@ type dpProxierParams struct {
 	Cgroup   string
 	Size     Size
 	Endpoint netip.Addr
+	// XDPCounters gives the proxier a metrics registry and makes the
+	// child answer a line "xdp" with what the XDP program did
+	// (proxykit_ebpf_xdp_packets_total).
+	XDPCounters bool `json:",omitempty"`
+}
+
+// xdpCounts are the XDP north-south program's counters
+// (proxykit_ebpf_xdp_packets_total by action): packets it sent back out
+// of the interface they came in on, redirected out of another, and
+// passed to tc.
+type xdpCounts struct {
+	TX       uint64 `json:"tx"`
+	Redirect uint64 `json:"redirect"`
+	Pass     uint64 `json:"pass"`
+}
+
+// sub returns the increase from b to x.
+func (x xdpCounts) sub(b xdpCounts) xdpCounts {
+	return xdpCounts{TX: x.TX - b.TX, Redirect: x.Redirect - b.Redirect, Pass: x.Pass - b.Pass}
+}
+
+// describe is the counters for a log line, empty for nil.
+func (x *xdpCounts) describe() string {
+	if x == nil {
+		return ""
+	}
+	return fmt.Sprintf("; XDP redirected %d, sent back %d, passed %d", x.Redirect, x.TX, x.Pass)
+}
+
+// Total is every packet the program served.
+func (x xdpCounts) Total() uint64 { return x.TX + x.Redirect + x.Pass }
+
+// xdpMetric is the eBPF backend's XDP counter.
+const xdpMetric = "proxykit_ebpf_xdp_packets_total"
+
+// gatherXDP reads xdpMetric from reg.
+func gatherXDP(reg *prometheus.Registry) (xdpCounts, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return xdpCounts{}, err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != xdpMetric {
+			continue
+		}
+		var x xdpCounts
+		for _, m := range mf.GetMetric() {
+			n := uint64(m.GetCounter().GetValue())
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "action" {
+					continue
+				}
+				switch l.GetValue() {
+				case "tx":
+					x.TX = n
+				case "redirect":
+					x.Redirect = n
+				case "pass":
+					x.Pass = n
+				}
+			}
+		}
+		return x, nil
+	}
+	return xdpCounts{}, fmt.Errorf("no %s: the backend runs no XDP program", xdpMetric)
 }
 
 // dpProxierChild runs one path's proxier in node1's namespace: the
 // filler services of the size and the measured services, the first sync,
-// a report, then it waits for the parent's line (or the end of its
-// input) and closes the proxier.
+// a report; then it answers "xdp" lines (XDPCounters) until any other
+// line (or the end of its input), and closes the proxier.
 func dpProxierChild(in *bufio.Reader) error {
 	var p dpProxierParams
 	if err := readParams(in, &p); err != nil {
@@ -79,6 +145,11 @@ func dpProxierChild(in *bufio.Reader) error {
 		SyncPeriod:            time.Hour,
 		NoServiceHealthChecks: true,
 		Logger:                slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	var reg *prometheus.Registry
+	if p.XDPCounters {
+		reg = prometheus.NewRegistry()
+		cfg.Registerer = reg
 	}
 	pp := proxierParams{Backend: p.Backend, IPTMode: p.IPTMode, EBPF: p.EBPF, Cgroup: p.Cgroup, Size: p.Size, Target: []netip.Addr{p.Endpoint}}
 	pr, err := newProxier(pp, cfg)
@@ -120,7 +191,22 @@ func dpProxierChild(in *bufio.Reader) error {
 	if err := out.Encode(childResult{SyncSeconds: time.Since(start).Seconds(), HWMKB: procStatusKB("VmHWM")}); err != nil {
 		return err
 	}
-	in.ReadString('\n')
+	for {
+		line, _ := in.ReadString('\n')
+		if strings.TrimSpace(line) != "xdp" || reg == nil {
+			break
+		}
+		res := childResult{}
+		x, err := gatherXDP(reg)
+		if err != nil {
+			res.Error = err.Error()
+		} else {
+			res.XDP = &x
+		}
+		if err := out.Encode(res); err != nil {
+			return err
+		}
+	}
 	cancel()
 	<-done
 	runtime.KeepAlive(objs)
@@ -257,6 +343,9 @@ type crrResult struct {
 	Latency Stats `json:"latency_us"`
 	// FirstError is the first failure, if any.
 	FirstError string `json:"first_error,omitempty"`
+	// XDP is what node1's XDP program did over the whole run (warm-up
+	// and the client's start included), on paths with one.
+	XDP *xdpCounts `json:"xdp,omitempty"`
 }
 
 // crrClientChild runs Clients concurrent clients in the client
@@ -424,6 +513,9 @@ type udpResult struct {
 	Seconds  float64               `json:"seconds"`
 	Sent     uint64                `json:"sent"`
 	Counters map[string]ifCounters `json:"counters"`
+	// XDP is what node1's XDP program did over the whole run (warm-up
+	// and the sender's start included), on paths with one.
+	XDP *xdpCounts `json:"xdp,omitempty"`
 }
 
 // udpSenderChild sends pre-built UDP frames at full speed from an
