@@ -96,11 +96,14 @@
 // XDP_TX; another listed in pk_xdptx: XDP_REDIRECT) never becomes an
 // skb; every other packet (to a pod's veth, an unresolved neighbour, a
 // reject) goes on untranslated to tc, which finds the flow XDP
-// recorded. XDP never sends out of a veth (its peer may not take XDP
-// frames), and an interface without native XDP is served by tc alone.
+// recorded. XDP sends out of a veth only with Config.NorthSouthXDPVeth
+// (its peer may not take XDP frames), and an interface without native
+// XDP is served by tc alone.
 //
-// See README.md for what is not there yet (SCTP, the node's own output
-// path, pinning across restarts, DSR).
+// With Config.PinPath the tc and XDP links and the north-south maps
+// are pinned (tc_pin.go): a restart keeps established and new
+// connections. See README.md for what is not there yet (SCTP, the
+// node's own output path, DSR).
 //
 // # Lifetimes and contracts
 //

@@ -189,8 +189,7 @@ func probeTC() error {
 }
 
 // load loads bpf/nodeport.c with the socket programs' node address
-// maps. Its own maps are never pinned: flows and frontends live as
-// long as the proxier.
+// maps. With PinPath its own maps are pinned there (see tc_pin.go).
 func (p *tcPlane) load(dp *dataplane) error {
 	spec, err := loadNodeport()
 	if err != nil {
@@ -217,6 +216,9 @@ func (p *tcPlane) load(dp *dataplane) error {
 		mapNode4: dp.objs.PkNode4,
 		mapNode6: dp.objs.PkNode6,
 	}}
+	if err := p.pinMapsSpec(spec, opts); err != nil {
+		return err
+	}
 	spec.Maps[mapNode4].MaxEntries = dp.objs.PkNode4.MaxEntries()
 	spec.Maps[mapNode6].MaxEntries = dp.objs.PkNode6.MaxEntries()
 	if err := spec.LoadAndAssign(&p.objs, opts); err != nil {
@@ -263,8 +265,35 @@ func (p *tcPlane) release() error {
 		return nil
 	}
 	p.closed = true
-	err := p.detachAllLocked()
+	var err error
+	if p.cfg.PinPath != "" {
+		// Everything stays attached for the next proxier (tc_pin.go):
+		// only this process's handles go.
+		err = p.closeHandlesLocked()
+	} else {
+		err = p.detachAllLocked()
+	}
 	return errors.Join(err, p.closeXDPLocked(), p.objs.Close(), p.nsClose())
+}
+
+// closeHandlesLocked closes this process's handles of the pinned links,
+// which stay attached, and forgets the attachments (clsact filters stay
+// by themselves).
+func (p *tcPlane) closeHandlesLocked() error {
+	var errs []error
+	for idx, a := range p.atts {
+		if a.link != nil {
+			errs = append(errs, a.link.Close())
+		}
+		delete(p.atts, idx)
+	}
+	if p.xdp != nil {
+		for idx, a := range p.xdp.links {
+			errs = append(errs, a.link.Close())
+			delete(p.xdp.links, idx)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (p *tcPlane) nsClose() error {
@@ -364,7 +393,7 @@ func (p *tcPlane) refresh() error {
 		if !seen[idx] {
 			// The interface is gone, and its programs with it.
 			if a.link != nil {
-				a.link.Close()
+				dropLink(a.link)
 			}
 			delete(p.atts, idx)
 		}
@@ -448,7 +477,7 @@ func (p *tcPlane) attachLocked(d tcDevice) error {
 	old := p.atts[d.index]
 	a := &tcAttachment{ifindex: d.index, name: d.name, ext: d.ext}
 	if !p.legacy {
-		l, err := p.attachTCX(d.index, prog, old)
+		l, err := p.attachTCX(d, prog, old)
 		switch {
 		case err == nil:
 			a.link = l
@@ -467,7 +496,7 @@ func (p *tcPlane) attachLocked(d tcDevice) error {
 		return fmt.Errorf("ebpf: tc: attach %s to %s (clsact): %w", prog, d.name, err)
 	}
 	if old != nil && old.link != nil {
-		old.link.Close()
+		dropLink(old.link)
 	}
 	a.filter = f
 	p.atts[d.index] = a
@@ -478,20 +507,31 @@ func (p *tcPlane) attachLocked(d tcDevice) error {
 // attachTCX attaches prog to the ingress of interface index (in the
 // node's namespace, where the kernel resolves the index), or swaps it
 // into the existing link old.
-func (p *tcPlane) attachTCX(index int, prog *ebpf.Program, old *tcAttachment) (link.Link, error) {
+func (p *tcPlane) attachTCX(d tcDevice, prog *ebpf.Program, old *tcAttachment) (link.Link, error) {
 	if old != nil && old.link != nil {
 		if err := old.link.Update(prog); err != nil {
 			return nil, err
 		}
 		return old.link, nil
 	}
+	pin := p.linkPin(tcxLinkPin, d.name)
+	if l, err := adoptLink(pin, d.index, prog, tcxIfindex); l != nil || err != nil {
+		return l, err
+	}
 	var l link.Link
 	err := p.ns.Do(func() error {
 		var err error
-		l, err = link.AttachTCX(link.TCXOptions{Interface: index, Program: prog, Attach: ebpf.AttachTCXIngress})
+		l, err = link.AttachTCX(link.TCXOptions{Interface: d.index, Program: prog, Attach: ebpf.AttachTCXIngress})
 		return err
 	})
-	return l, err
+	if err != nil {
+		return nil, err
+	}
+	if err := pinLink(l, pin); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
 }
 
 // attachFilter adds (or replaces) the cls_bpf filter of prog on the
@@ -537,7 +577,7 @@ func (p *tcPlane) detachAllLocked() error {
 	errs := []error{p.detachXDPLocked()}
 	for idx, a := range p.atts {
 		if a.link != nil {
-			errs = append(errs, a.link.Close())
+			errs = append(errs, dropLink(a.link))
 		}
 		if a.filter != nil {
 			if err := p.nl.FilterDel(a.filter); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.EINVAL) {
@@ -558,7 +598,7 @@ func (p *tcPlane) cleanup() error {
 	if p.closed {
 		return errClosed
 	}
-	errs := []error{p.detachAllLocked()}
+	errs := []error{p.detachAllLocked(), p.unpinAll()}
 	links, err := p.nl.LinkList()
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("ebpf: tc: list interfaces: %w", err))...)

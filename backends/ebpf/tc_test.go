@@ -15,7 +15,8 @@ func TestCheckNorthSouth(t *testing.T) {
 		ok         bool
 	}{
 		{"", false, true}, {NorthSouthNFTables, false, true}, {NorthSouthTC, false, true},
-		{"", true, true}, {NorthSouthTC, true, false}, {"xdp", false, false},
+		{"", true, true}, {NorthSouthTC, true, false}, {NorthSouthXDP, false, true}, {NorthSouthXDP, true, false},
+		{"dpdk", false, false},
 	} {
 		cfg := Config{NorthSouth: c.ns, SocketOnly: c.socketOnly}
 		if err := cfg.checkNorthSouth(); (err == nil) != c.ok {

@@ -121,7 +121,7 @@ func (p *tcPlane) refreshXDPLocked(devs []tcDevice) error {
 	}
 	for idx, a := range x.links {
 		if d, ok := want[idx]; !ok || d.name != a.name {
-			errs = append(errs, a.link.Close())
+			errs = append(errs, dropLink(a.link))
 			delete(x.links, idx)
 		}
 	}
@@ -150,6 +150,13 @@ func (p *tcPlane) refreshXDPLocked(devs []tcDevice) error {
 // attachXDP attaches the program to d in native (driver) mode. A driver
 // without native XDP gives a nil link and no error.
 func (p *tcPlane) attachXDP(d tcDevice) (link.Link, error) {
+	pin := p.linkPin(xdpLinkPin, d.name)
+	if l, err := adoptLink(pin, d.index, p.xdp.objs.PkXdpExt, xdpIfindex); l != nil || err != nil {
+		if err != nil {
+			return nil, fmt.Errorf("ebpf: xdp: %s: %w", d.name, err)
+		}
+		return l, nil
+	}
 	var l link.Link
 	err := p.ns.Do(func() error {
 		var err error
@@ -162,6 +169,10 @@ func (p *tcPlane) attachXDP(d tcDevice) (link.Link, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("ebpf: xdp: attach to %s: %w", d.name, err)
+	}
+	if err := pinLink(l, pin); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("ebpf: xdp: %w", err)
 	}
 	p.log.Debug("XDP program attached", "interface", d.name)
 	return l, nil
@@ -211,7 +222,7 @@ func (p *tcPlane) detachXDPLocked() error {
 	}
 	var errs []error
 	for idx, a := range x.links {
-		errs = append(errs, a.link.Close())
+		errs = append(errs, dropLink(a.link))
 		delete(x.links, idx)
 	}
 	return errors.Join(errs...)
