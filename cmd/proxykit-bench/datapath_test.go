@@ -12,11 +12,12 @@ import (
 )
 
 // TestDatapathSmoke runs the data-path mode at 10 services for direct,
-// nftables and a path whose option the eBPF backend lacks, with tiny
-// runs, and checks that every figure was measured, the unavailable path
-// reported as such, and the report section written between the scale
-// run's part and the hand-written sections of an existing report. It
-// asserts no rate.
+// nftables, a path whose option the eBPF backend lacks and the XDP
+// path, with tiny runs, and checks that every figure was measured, the
+// unavailable path reported as such, that XDP redirected packets in
+// every run (where this kernel runs it), and the report section written
+// between the scale run's part and the hand-written sections of an
+// existing report. It asserts no rate.
 func TestDatapathSmoke(t *testing.T) {
 	testnet.RequireRoot(t)
 	testnet.RequireCommand(t, "nft")
@@ -24,7 +25,7 @@ func TestDatapathSmoke(t *testing.T) {
 	o := defaultOptions()
 	o.Datapath = true
 	datapathSmoke(&o)
-	o.Paths = append(o.Paths, "ebpf-tc-dsr")
+	o.Paths = append(o.Paths, "ebpf-tc-dsr", "ebpf-xdp")
 	dir := t.TempDir()
 	o.Out, o.PlotDir = filepath.Join(dir, "BENCHMARKS.md"), dir
 	old := "# Benchmarks\n\nscale figures\n\n" + datapathMarker + "\n\nold data path\n\n" + handWritten + "\n\nby hand\n"
@@ -37,8 +38,8 @@ func TestDatapathSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Cases) != 3 {
-		t.Fatalf("%d cases, want 3", len(rep.Cases))
+	if len(rep.Cases) != 4 {
+		t.Fatalf("%d cases, want 4", len(rep.Cases))
 	}
 	for _, c := range rep.Cases {
 		if c.Path == "ebpf-tc-dsr" {
@@ -46,6 +47,22 @@ func TestDatapathSmoke(t *testing.T) {
 				t.Errorf("%s: %s: %s", c.Label, c.Status, c.Reason)
 			}
 			continue
+		}
+		if c.Path == "ebpf-xdp" {
+			if c.Status == "unsupported" {
+				t.Logf("%s: %s", c.Label, c.Reason)
+				continue
+			}
+			for _, r := range c.TCP {
+				if r.XDP == nil || r.XDP.Redirect == 0 {
+					t.Errorf("%s: TCP_CRR: XDP redirected nothing: %+v", c.Label, r.XDP)
+				}
+			}
+			for _, r := range c.UDP {
+				if r.XDP == nil || r.XDP.Redirect == 0 {
+					t.Errorf("%s: UDP: XDP redirected nothing: %+v", c.Label, r.XDP)
+				}
+			}
 		}
 		if !c.ok() || len(c.Errors) > 0 {
 			t.Errorf("%s: %s: %s %v", c.Label, c.Status, c.Reason, c.Errors)
