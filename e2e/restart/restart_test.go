@@ -455,8 +455,14 @@ func (p *proc) waitSynced(limit time.Duration) (childReport, time.Duration) {
 		if err := json.Unmarshal([]byte(line), &rep); err != nil {
 			p.t.Fatalf("%s process: %q: %v", p.name, line, err)
 		}
-		if rep.Unsupported != "" {
+		if rep.Unsupported != "" && p.name == "first" {
 			p.t.Skipf("backend not supported by this kernel: %s", rep.Unsupported)
+		}
+		if rep.Unsupported != "" {
+			// The first process ran on this kernel: a restarted one
+			// that says otherwise failed to start, whatever it calls it.
+			p.t.Fatalf("%s process, %v after its start: the backend says it is not supported, yet the first process ran it on this kernel: %s",
+				p.name, took.Round(time.Millisecond), rep.Unsupported)
 		}
 		return rep, took
 	case <-p.done:
