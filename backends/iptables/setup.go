@@ -118,8 +118,12 @@ func New(cfg Config) (proxier.Proxier, error) {
 	})
 }
 
-// setupTimeout bounds the programs New and NewBackend run.
-const setupTimeout = 30 * time.Second
+// setupTimeout bounds the programs New and NewBackend run. Detecting
+// the flavour reads both flavours' whole rule sets, which takes tens of
+// seconds when a predecessor left 30,000 services' rules on a loaded
+// node (TestRestartAtScale): the bound is for a hung program, not for a
+// big rule set.
+const setupTimeout = 2 * time.Minute
 
 func detect(cfg Config) (Mode, error) {
 	if _, err := newNames(cfg.ChainPrefix); err != nil {
@@ -228,6 +232,12 @@ func NewBackend(cfg Config, family model.IPFamily) (proxier.Backend, error) {
 }
 
 func unsupported(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		// A program that took too long is no missing feature: callers
+		// that fall back to another backend on ErrNotSupported must
+		// not.
+		return fmt.Errorf("iptables: the iptables programs did not finish within %v: %w", setupTimeout, err)
+	}
 	var me *iptables.MissingError
 	if errors.As(err, &me) {
 		return &proxier.UnsupportedError{Backend: "iptables", What: "program " + me.Program, Err: me.Err}
