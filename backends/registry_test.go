@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/proxykit/proxykit/backends"
 	"github.com/proxykit/proxykit/backends/ebpf"
 	"github.com/proxykit/proxykit/backends/ipvs"
@@ -55,16 +53,7 @@ func TestNewUnknownScheduler(t *testing.T) {
 // bpffs mounts a bpffs of the test's own and returns its directory.
 func bpffs(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs: %v", err)
-		}
-	})
-	return dir
+	return testnet.BPFFS(t)
 }
 
 // pins lists the files of a pin directory, without the kernel's own.

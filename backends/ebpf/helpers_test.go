@@ -7,7 +7,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/cgroup2"
@@ -81,16 +80,7 @@ func newCgroup(tb testing.TB) string {
 // bpffs mounts a bpffs of the test's own and returns its directory.
 func bpffs(tb testing.TB) string {
 	tb.Helper()
-	dir := tb.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		tb.Fatalf("mount bpffs: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			tb.Errorf("unmount bpffs: %v", err)
-		}
-	})
-	return dir
+	return testnet.BPFFS(tb)
 }
 
 // attachedPrograms returns the ids of the programs attached to a cgroup,

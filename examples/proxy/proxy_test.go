@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/proxykit/proxykit/internal/testnet"
 	"io"
 	"net"
 	"net/http"
@@ -16,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -376,16 +376,7 @@ func requireIPVS(t *testing.T) {
 // bpffs mounts a bpffs of the test's own and returns its directory.
 func bpffs(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs: %v", err)
-		}
-	})
-	return dir
+	return testnet.BPFFS(t)
 }
 
 // testLog writes log lines to the test log.
