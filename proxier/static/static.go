@@ -105,7 +105,18 @@ func Parse(r io.Reader) (*Objects, error) {
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
-		if err := objs.add(doc); err != nil {
+		// Each document is converted to JSON once (the YAML parser is
+		// what costs); the peek at its kind and the strict decoding of
+		// the object read that JSON.
+		j, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil && !decodes(doc) {
+			// E.g. duplicate keys in a kind this package ignores.
+			j, err = yaml.YAMLToJSON(doc)
+		}
+		if err == nil {
+			err = objs.add(j)
+		}
+		if err != nil {
 			de := &DocumentError{Index: i, Err: err}
 			var tm typeMeta
 			if yaml.Unmarshal(doc, &tm) == nil {
@@ -117,16 +128,39 @@ func Parse(r io.Reader) (*Objects, error) {
 	return objs, errors.Join(errs...)
 }
 
-func (o *Objects) add(doc []byte) error {
+// decodes reports whether doc, which does not convert strictly, is
+// (or may be) of a kind that add decodes: its error must be reported.
+func decodes(doc []byte) bool {
 	var tm typeMeta
-	if err := yaml.Unmarshal(doc, &tm); err != nil {
+	if yaml.Unmarshal(doc, &tm) != nil {
+		return true // not YAML at all
+	}
+	switch tm.Kind {
+	case "List", "ServiceList", "EndpointSliceList", "NodeList", "ServiceCIDRList", "Service", "EndpointSlice", "Node", "ServiceCIDR", "":
+		return true
+	}
+	return false
+}
+
+// strictJSON decodes the JSON document j into v, refusing fields v does
+// not have (as yaml.UnmarshalStrict does after its conversion).
+func strictJSON(j []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(j))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
+}
+
+// add adds the objects of the JSON document doc (a document of the file
+// converted, or an item of a List).
+func (o *Objects) add(doc []byte) error {
+	if bytes.Equal(bytes.TrimSpace(doc), []byte("null")) {
+		return nil // empty or comment-only document
+	}
+	var tm typeMeta
+	if err := json.Unmarshal(doc, &tm); err != nil {
 		return err
 	}
 	if tm.Kind == "" {
-		var v any
-		if err := yaml.Unmarshal(doc, &v); err == nil && v == nil {
-			return nil // empty or comment-only document
-		}
 		return errors.New("no kind")
 	}
 	o.Documents++
@@ -141,7 +175,7 @@ func (o *Objects) add(doc []byte) error {
 		return errors.Join(errs...)
 	case "Service":
 		s := &v1.Service{}
-		if err := yaml.UnmarshalStrict(doc, s); err != nil {
+		if err := strictJSON(doc, s); err != nil {
 			return fmt.Errorf("Service: %w", err)
 		}
 		if s.Namespace == "" {
@@ -150,7 +184,7 @@ func (o *Objects) add(doc []byte) error {
 		o.Services = append(o.Services, s)
 	case "EndpointSlice":
 		s := &discoveryv1.EndpointSlice{}
-		if err := yaml.UnmarshalStrict(doc, s); err != nil {
+		if err := strictJSON(doc, s); err != nil {
 			return fmt.Errorf("EndpointSlice: %w", err)
 		}
 		if s.Namespace == "" {
@@ -159,13 +193,13 @@ func (o *Objects) add(doc []byte) error {
 		o.EndpointSlices = append(o.EndpointSlices, s)
 	case "Node":
 		n := &v1.Node{}
-		if err := yaml.UnmarshalStrict(doc, n); err != nil {
+		if err := strictJSON(doc, n); err != nil {
 			return fmt.Errorf("Node: %w", err)
 		}
 		o.Nodes = append(o.Nodes, n)
 	case "ServiceCIDR":
 		c := &networkingv1.ServiceCIDR{}
-		if err := yaml.UnmarshalStrict(doc, c); err != nil {
+		if err := strictJSON(doc, c); err != nil {
 			return fmt.Errorf("ServiceCIDR: %w", err)
 		}
 		for _, s := range c.Spec.CIDRs {

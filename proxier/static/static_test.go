@@ -227,7 +227,7 @@ func TestSourceKeepsStateOnUnusableFile(t *testing.T) {
 		{"empty", "", "file holds no document"},
 		{"whitespace and comments", "\n# rewritten soon\n---\n", "file holds no document"},
 		{"cut in a document", cut, "does not parse completely"},
-		{"unknown field", strings.Replace(manifest, "clusterIP: 10.96.0.53", "clusterIPz: 10.96.0.53", 1), `document 4 (List): item 0: Service: error unmarshaling JSON`},
+		{"unknown field", strings.Replace(manifest, "clusterIP: 10.96.0.53", "clusterIPz: 10.96.0.53", 1), `document 4 (List): item 0: Service: json: unknown field \"clusterIPz\"`},
 		{"no kind", manifest + "---\nmetadata: {name: x}\n", "document 5 (x): no kind"},
 	} {
 		w.write(bad.content)
@@ -302,3 +302,18 @@ func TestSourceOnceFailsOnUnusableFile(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// TestParseDuplicateKeys: a duplicate key fails a document of a kind
+// the source decodes, and not one of a kind it ignores (as when every
+// document was decoded with yaml.UnmarshalStrict after a lenient peek at
+// its kind).
+func TestParseDuplicateKeys(t *testing.T) {
+	ignored := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {x: \"1\", x: \"2\"}\n"
+	if objs, err := Parse(bytes.NewReader([]byte(ignored))); err != nil || objs.Documents != 1 {
+		t.Errorf("ConfigMap with a duplicate key: %d documents, %v; want it ignored", objs.Documents, err)
+	}
+	svc := "apiVersion: v1\nkind: Service\nmetadata: {name: a, name: b}\nspec: {clusterIP: 10.96.0.1}\n"
+	if objs, err := Parse(bytes.NewReader([]byte(svc))); err == nil || len(objs.Services) != 0 {
+		t.Errorf("Service with a duplicate key: %d services, %v; want an error", len(objs.Services), err)
+	}
+}
