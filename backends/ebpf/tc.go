@@ -287,13 +287,7 @@ func (p *tcPlane) closeHandlesLocked() error {
 		}
 		delete(p.atts, idx)
 	}
-	if p.xdp != nil {
-		for idx, a := range p.xdp.links {
-			errs = append(errs, a.link.Close())
-			delete(p.xdp.links, idx)
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, p.releaseXDPLocked(link.Link.Close))...)
 }
 
 func (p *tcPlane) nsClose() error {
@@ -574,7 +568,7 @@ func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilt
 
 // detachAllLocked removes every attachment of this plane.
 func (p *tcPlane) detachAllLocked() error {
-	errs := []error{p.detachXDPLocked()}
+	errs := []error{p.releaseXDPLocked(dropLink)}
 	for idx, a := range p.atts {
 		if a.link != nil {
 			errs = append(errs, dropLink(a.link))
@@ -589,9 +583,10 @@ func (p *tcPlane) detachAllLocked() error {
 	return errors.Join(errs...)
 }
 
-// cleanup detaches every program of this plane, and the cls_bpf
-// filters of the tc programs a predecessor left on any interface of
-// the node's namespace (tcx links die with their process).
+// cleanup detaches every program of this plane, the links a predecessor
+// pinned under PinPath (tc_pin.go), and the cls_bpf filters of the tc
+// programs a predecessor left on any interface of the node's namespace
+// (unpinned tcx and XDP links die with their process).
 func (p *tcPlane) cleanup() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -214,22 +214,24 @@ func (p *tcPlane) writeXDPTx(want map[uint32]bool) error {
 	return errors.Join(append(errs, err)...)
 }
 
-// detachXDPLocked detaches the XDP program everywhere.
-func (p *tcPlane) detachXDPLocked() error {
+// releaseXDPLocked lets go of the XDP program's links with release:
+// dropLink detaches them, link.Link.Close only closes this process's
+// handles of pinned ones (they stay attached).
+func (p *tcPlane) releaseXDPLocked(release func(link.Link) error) error {
 	x := p.xdp
 	if x == nil {
 		return nil
 	}
 	var errs []error
 	for idx, a := range x.links {
-		errs = append(errs, dropLink(a.link))
+		errs = append(errs, release(a.link))
 		delete(x.links, idx)
 	}
 	return errors.Join(errs...)
 }
 
 // closeXDPLocked closes the XDP program's objects (after
-// detachXDPLocked).
+// releaseXDPLocked).
 func (p *tcPlane) closeXDPLocked() error {
 	x := p.xdp
 	if x == nil {
