@@ -241,7 +241,9 @@ var ErrNotSupported = errors.New("not supported")
 
 // ErrCapacity is matched (with errors.Is) by errors that say a dataplane
 // is too small for the desired state, e.g. a full BPF map: a setting of
-// the backend must grow.
+// the backend must grow. The engine counts the service ports left out
+// with an [*ObjectError] matching it in
+// proxykit_service_port_over_capacity.
 var ErrCapacity = errors.New("dataplane capacity exhausted")
 
 // UnsupportedError says what a backend found missing on this node: a

@@ -98,6 +98,8 @@ type family struct {
 	// objErrs are the service ports the backend could not program, from
 	// the object errors of the syncs since the last full one.
 	objErrs map[model.ServicePortName]error
+	// nOverCapacity counts objErrs' errors that match [ErrCapacity].
+	nOverCapacity int
 }
 
 const (
@@ -677,17 +679,19 @@ func (e *Engine) syncFamily(ctx context.Context, f *family, nodeIPs []netip.Addr
 	}
 	if full {
 		clear(f.objErrs)
+		f.nOverCapacity = 0
 	} else {
 		for name := range f.changed {
-			delete(f.objErrs, name)
+			f.setObjErr(name, nil)
 		}
 	}
 	if err != nil {
 		for _, oe := range objectErrors(err) {
 			log.Warn("service port skipped", "service", oe.Service.String(), "err", oe.Err)
-			f.objErrs[oe.Service] = oe.Err
+			f.setObjErr(oe.Service, oe.Err)
 		}
 	}
+	e.metrics.overCapacity.WithLabelValues(fam).Set(float64(f.nOverCapacity))
 	e.metrics.observeSync(fam, full, time.Since(start), true)
 	if full {
 		clear(f.noLocal)
@@ -851,6 +855,22 @@ func has(bits, bit uint8) int {
 		return 1
 	}
 	return 0
+}
+
+// setObjErr records that the backend could not program name because of
+// err (nil: it could), keeping nOverCapacity in step.
+func (f *family) setObjErr(name model.ServicePortName, err error) {
+	if old, ok := f.objErrs[name]; ok && errors.Is(old, ErrCapacity) {
+		f.nOverCapacity--
+	}
+	if err == nil {
+		delete(f.objErrs, name)
+		return
+	}
+	f.objErrs[name] = err
+	if errors.Is(err, ErrCapacity) {
+		f.nOverCapacity++
+	}
 }
 
 func objectErrors(err error) []*ObjectError {

@@ -41,6 +41,7 @@ type metrics struct {
 	// proxykit's own.
 	syncFailures *prometheus.CounterVec // ip_family
 	conflicts    *prometheus.GaugeVec   // ip_family
+	overCapacity *prometheus.GaugeVec   // ip_family
 	info         *prometheus.GaugeVec   // backend
 }
 
@@ -120,6 +121,10 @@ func newMetrics(cfg Config, backend string) (*metrics, error) {
 			Name: "proxykit_service_port_conflicts", Help: "Service ports not programmed because they claim an address and port, or a node port, that another service port owns.",
 			ConstLabels: labels,
 		}, []string{"ip_family"}),
+		overCapacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "proxykit_service_port_over_capacity", Help: "Service ports not programmed because the dataplane is too small for them (an object error matching ErrCapacity, e.g. a full BPF map).",
+			ConstLabels: labels,
+		}, []string{"ip_family"}),
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "proxykit_proxier_info", Help: "Always 1; the label backend names the proxier's backend (kube-proxy's /proxyMode).",
 			ConstLabels: labels,
@@ -128,7 +133,7 @@ func newMetrics(cfg Config, backend string) (*metrics, error) {
 	reg := cfg.Registerer
 	err := errors.Join(
 		Register(reg, &m.syncDuration, &m.fullSyncDuration, &m.partialSyncDuration, &m.programming, &m.conntrackDuration),
-		Register(reg, &m.lastSync, &m.lastQueued, &m.noLocalEndpoints, &m.conflicts, &m.info),
+		Register(reg, &m.lastSync, &m.lastQueued, &m.noLocalEndpoints, &m.conflicts, &m.overCapacity, &m.info),
 		Register(reg, &m.serviceChanges, &m.endpointChanges),
 		Register(reg, &m.servicePending, &m.endpointPending),
 		Register(reg, &m.healthz, &m.livez, &m.conntrackDeleted, &m.syncFailures),

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/netns"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -725,4 +727,35 @@ func TestMapFull(t *testing.T) {
 	}
 	t.Log(err)
 	x.answers(x.pod3, "tcp", ap(v, 80), 8080, 3, x.p11)
+
+	// The same through the engine: the service port that does not fit is
+	// counted in proxykit_service_port_over_capacity; the small one is
+	// still served.
+	reg := prometheus.NewRegistry()
+	cfg := x.cfg.Config
+	cfg.Registerer, cfg.NoConntrackCleanup, cfg.NoServiceHealthChecks = reg, true, true
+	e, err := proxier.New(cfg, x.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	defer func() { cancel(); <-done }() // x closes the backend
+	for i, s := range []scale.Service{
+		{Name: "a-small", ClusterIP: v, Endpoints: []netip.Addr{x.p11.IP(x.f)}, EndpointNode: testnet.Node1Name},
+		{Name: "b-big", ClusterIP: vip(model.IPv4, 101), Endpoints: []netip.Addr{x.p11.IP(x.f), x.p12.IP(x.f), x.p21.IP(x.f)}, EndpointNode: testnet.Node1Name},
+	} {
+		e.OnServiceAdd(s.Object(i))
+		e.OnEndpointSliceAdd(s.Slice(0))
+	}
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := backendtest.Metrics(t, reg, "ip_family")["proxykit_service_port_over_capacity/IPv4"]; got != 1 {
+		t.Errorf("proxykit_service_port_over_capacity %v, want 1 (b-big)", got)
+	}
+	x.answers(x.pod3, "tcp", ap(v, scale.Port), scale.TargetPort, 3, x.p11)
 }
