@@ -54,9 +54,17 @@ func addr4(base [4]byte, off int) netip.Addr {
 // tenth of the first 27,680 (the node port range 30000-32767 holds 2,768).
 const MaxNodePorts = 2768
 
+// The largest generated sizes the address ranges hold (see the package
+// comment): cluster IPs in 10.96.0.0/14, endpoints in 10.64.0.0/12.
+const (
+	MaxServices  = 250_000
+	MaxEndpoints = 1<<20 - 1 // in all, over every service
+)
+
 // Services returns n services with eps endpoints each. Service i has the
 // cluster IP 10.96.0.10+i, its endpoints are 10.64.0.1+(i*eps+j); every
 // tenth service has a node port, as long as the node port range lasts.
+// n must not exceed [MaxServices], nor n*eps [MaxEndpoints].
 func Services(n, eps int) []Service {
 	out := make([]Service, n)
 	for i := range n {
@@ -115,25 +123,56 @@ func (s Service) Object(uid int) *v1.Service {
 	return svc
 }
 
-// Slice returns the EndpointSlice holding every endpoint of s (up to 100
-// fit in one, as the EndpointSlice controller fills them). gen is its
-// resource version.
-func (s Service) Slice(gen int) *discoveryv1.EndpointSlice {
+// MaxSliceEndpoints is how many endpoints one EndpointSlice holds at
+// most: the EndpointSlice controller's default
+// (--max-endpoints-per-slice). A service with more has several.
+const MaxSliceEndpoints = 100
+
+// NumSlices returns how many EndpointSlices s has: one per
+// [MaxSliceEndpoints] endpoints, at least one.
+func (s Service) NumSlices() int {
+	return max(1, (len(s.Endpoints)+MaxSliceEndpoints-1)/MaxSliceEndpoints)
+}
+
+// Slice returns the first EndpointSlice of s, the one holding its
+// endpoints 0 to [MaxSliceEndpoints]-1: with no more endpoints than
+// that, all of them (see [Service.Slices]). gen is its resource version.
+func (s Service) Slice(gen int) *discoveryv1.EndpointSlice { return s.slice(0, gen) }
+
+// Slices returns the EndpointSlices of s as the EndpointSlice controller
+// fills them: its endpoints in order, [MaxSliceEndpoints] to a slice. The
+// first is [Service.Slice]; the k-th after it is named like it with
+// "-k" added. gen is their resource version.
+func (s Service) Slices(gen int) []*discoveryv1.EndpointSlice {
+	out := make([]*discoveryv1.EndpointSlice, s.NumSlices())
+	for k := range out {
+		out[k] = s.slice(k, gen)
+	}
+	return out
+}
+
+// slice returns the k-th EndpointSlice of s.
+func (s Service) slice(k, gen int) *discoveryv1.EndpointSlice {
 	port := int32(TargetPort)
 	name := PortName
 	proto := v1.ProtocolTCP
 	ready := true
 	node := s.EndpointNode
+	sliceName := s.Name + "-bench"
+	if k > 0 {
+		sliceName += "-" + strconv.Itoa(k)
+	}
+	eps := s.Endpoints[min(len(s.Endpoints), k*MaxSliceEndpoints):min(len(s.Endpoints), (k+1)*MaxSliceEndpoints)]
 	sl := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: Namespace, Name: s.Name + "-bench", ResourceVersion: strconv.Itoa(gen + 1),
+			Namespace: Namespace, Name: sliceName, ResourceVersion: strconv.Itoa(gen + 1),
 			Labels: map[string]string{discoveryv1.LabelServiceName: s.Name},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
-		Endpoints:   make([]discoveryv1.Endpoint, len(s.Endpoints)),
+		Endpoints:   make([]discoveryv1.Endpoint, len(eps)),
 	}
-	for j, a := range s.Endpoints {
+	for j, a := range eps {
 		sl.Endpoints[j] = discoveryv1.Endpoint{
 			Addresses:  []string{a.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
@@ -143,12 +182,20 @@ func (s Service) Slice(gen int) *discoveryv1.EndpointSlice {
 	return sl
 }
 
-// Objects returns the Services and EndpointSlices of svcs.
+// Objects returns the Services of svcs and their EndpointSlices
+// ([Service.Slices]), in the order of svcs: with at most
+// [MaxSliceEndpoints] endpoints per service, slices[i] is svcs[i]'s only
+// one.
 func Objects(svcs []Service) ([]*v1.Service, []*discoveryv1.EndpointSlice) {
 	objs := make([]*v1.Service, len(svcs))
-	slices := make([]*discoveryv1.EndpointSlice, len(svcs))
+	n := 0
+	for _, s := range svcs {
+		n += s.NumSlices()
+	}
+	slices := make([]*discoveryv1.EndpointSlice, 0, n)
 	for i, s := range svcs {
-		objs[i], slices[i] = s.Object(i), s.Slice(0)
+		objs[i] = s.Object(i)
+		slices = append(slices, s.Slices(0)...)
 	}
 	return objs, slices
 }

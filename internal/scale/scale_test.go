@@ -109,3 +109,53 @@ func TestKubeProxyIPTables(t *testing.T) {
 		t.Errorf("KUBE-SERVICES rewritten with %d rules, want 21", n)
 	}
 }
+
+// TestSlicesSplit: a service's endpoints go into EndpointSlices of at
+// most MaxSliceEndpoints, in order, each named apart; up to that many,
+// one slice named as before.
+func TestSlicesSplit(t *testing.T) {
+	for _, c := range []struct{ eps, slices, last int }{{0, 1, 0}, {3, 1, 3}, {100, 1, 100}, {101, 2, 1}, {1000, 10, 100}, {10000, 100, 100}} {
+		s := Services(1, c.eps)[0]
+		got := s.Slices(4)
+		if len(got) != c.slices || s.NumSlices() != c.slices {
+			t.Fatalf("%d endpoints: %d slices (NumSlices %d), want %d", c.eps, len(got), s.NumSlices(), c.slices)
+		}
+		if len(got[len(got)-1].Endpoints) != c.last {
+			t.Errorf("%d endpoints: the last slice holds %d, want %d", c.eps, len(got[len(got)-1].Endpoints), c.last)
+		}
+		names := map[string]bool{}
+		j := 0
+		for k, sl := range got {
+			if len(sl.Endpoints) > MaxSliceEndpoints || names[sl.Name] || sl.ResourceVersion != "5" || sl.Labels["kubernetes.io/service-name"] != s.Name {
+				t.Fatalf("%d endpoints: slice %d %s: %d endpoints, version %s, labels %v", c.eps, k, sl.Name, len(sl.Endpoints), sl.ResourceVersion, sl.Labels)
+			}
+			names[sl.Name] = true
+			for _, e := range sl.Endpoints {
+				if e.Addresses[0] != s.Endpoints[j].String() {
+					t.Fatalf("%d endpoints: slice %d holds %s where endpoint %d, %s, belongs", c.eps, k, e.Addresses[0], j, s.Endpoints[j])
+				}
+				j++
+			}
+		}
+		if first := s.Slice(4); first.Name != "svc-00000-bench" || len(first.Endpoints) != len(got[0].Endpoints) {
+			t.Errorf("%d endpoints: Slice is %s with %d endpoints, want the first of Slices", c.eps, first.Name, len(first.Endpoints))
+		}
+	}
+	objs, slices := Objects(Services(3, 250))
+	if len(objs) != 3 || len(slices) != 9 || slices[3].Labels["kubernetes.io/service-name"] != "svc-00001" {
+		t.Errorf("Objects of 3 services of 250 endpoints: %d services, %d slices", len(objs), len(slices))
+	}
+}
+
+// TestServicesAtMaxima: the largest sizes stay within their ranges and
+// clear of the measured service's address.
+func TestServicesAtMaxima(t *testing.T) {
+	last := Services(MaxServices, 0)[MaxServices-1]
+	if !netip.MustParsePrefix("10.96.0.0/14").Contains(last.ClusterIP) || last.ClusterIP.Compare(TargetIP) >= 0 {
+		t.Errorf("service %d: cluster IP %s", MaxServices-1, last.ClusterIP)
+	}
+	eps := Services(1, MaxEndpoints)[0].Endpoints
+	if e := eps[len(eps)-1]; !netip.MustParsePrefix("10.64.0.0/12").Contains(e) {
+		t.Errorf("endpoint %d: %s", MaxEndpoints-1, e)
+	}
+}
