@@ -116,11 +116,13 @@ func TestPredict(t *testing.T) {
 }
 
 func TestParseSizes(t *testing.T) {
-	s, err := parseSizes("100x10, 5000x50")
-	if err != nil || len(s) != 2 || s[1] != (Size{5000, 50}) {
+	s, err := parseSizes("100x10, 5000x50,1000x1000,10x10000,100000x10")
+	if err != nil || len(s) != 5 || s[1] != (Size{5000, 50}) || s[3] != (Size{10, 10000}) {
 		t.Fatalf("parseSizes = %v, %v", s, err)
 	}
-	for _, bad := range []string{"100", "x10", "100x0", "100x101", "ax10"} {
+	// Past the generator's address ranges: services, endpoints in all,
+	// endpoints of the measured service.
+	for _, bad := range []string{"100", "x10", "100x0", "ax10", "300000x1", "2000x1000", "1x70000"} {
 		if _, err := parseSizes(bad); err == nil {
 			t.Errorf("parseSizes(%q) succeeded", bad)
 		}

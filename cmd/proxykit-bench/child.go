@@ -218,16 +218,19 @@ func proxierChild(in *bufio.Reader) error {
 		if k >= 5 && time.Now().After(changesEnd) {
 			break
 		}
+		// A change replaces a service's first endpoint: its first
+		// slice changes. Every generated service has as many slices.
 		idx, upd := scale.Change(svcs, k)
 		sl := upd.Slice(k + 1)
+		first := idx * upd.NumSlices()
 		time.Sleep(2 * time.Millisecond) // past the minimum sync interval
 		t0 := time.Now()
-		pr.OnEndpointSliceUpdate(slices[idx], sl)
+		pr.OnEndpointSliceUpdate(slices[first], sl)
 		if err := pr.Flush(ctx); err != nil {
 			return fmt.Errorf("endpoint change %d: %w", k, err)
 		}
 		res.ChangesNS = append(res.ChangesNS, time.Since(t0).Nanoseconds())
-		svcs[idx], slices[idx] = upd, sl
+		svcs[idx], slices[first] = upd, sl
 	}
 	res.HWMKB, res.RSSKB = procStatusKB("VmHWM"), procStatusKB("VmRSS")
 	if err := out.Encode(res); err != nil {

@@ -14,6 +14,12 @@
 // reference in the same run. It writes BENCHMARKS.md, SVG plots and the
 // raw results as JSON.
 //
+// Endpoints per service beyond 100 go into EndpointSlices of 100, as the
+// EndpointSlice controller fills them; at such sizes the measured service
+// has as many endpoints, all real (addresses its two server pods take as
+// local). --large measures the big sizes of issue #22 into a report of
+// its own; BENCHMARKS.md's section on them is written by hand from it.
+//
 // With --datapath it measures the data path instead (datapath.go, issue
 // #21): a client namespace sends traffic to a node port of node1 whose
 // endpoint is a pod behind node2, for each path (direct to the endpoint
@@ -40,6 +46,7 @@
 //	sudo /tmp/proxykit-bench                 # the default run (< 15 min on 2 cores)
 //	sudo /tmp/proxykit-bench --smoke         # 100 services, a few seconds
 //	sudo /tmp/proxykit-bench --sizes 1000x10 --backends nftables --references ''
+//	sudo /tmp/proxykit-bench --large          # 10x10000,1000x1000,100000x10 (issue #22), an hour
 //	sudo /tmp/proxykit-bench --datapath      # data path, every path, 10 and 10,000 services (~20 min)
 //	sudo /tmp/proxykit-bench --datapath --smoke  # direct and nftables at 10 services, a few seconds
 //	/tmp/proxykit-bench --from docs/bench/results.json  # report and plots again, no measuring

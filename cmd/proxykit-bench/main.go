@@ -27,7 +27,7 @@ func main() {
 	}
 	o := defaultOptions()
 	var backends, refs, sizes, paths string
-	var smoke bool
+	var smoke, large bool
 	flag.StringVar(&backends, "backends", strings.Join(o.Backends, ","), "proxykit backends to measure: "+strings.Join(backendNames, ", ")+" (iptables is the host's flavour)")
 	flag.StringVar(&refs, "references", strings.Join(o.References, ","), "kube-proxy references to measure: "+strings.Join(referenceNames, ", "))
 	flag.StringVar(&sizes, "sizes", formatSizes(o.Sizes), "service counts x endpoints per service")
@@ -41,6 +41,7 @@ func main() {
 	flag.StringVar(&o.PlotDir, "plots", o.PlotDir, "directory of the SVG plots and results.json (empty: none)")
 	flag.StringVar(&o.Note, "note", "", "a remark on the machine's conditions for the report, e.g. other load")
 	flag.BoolVar(&smoke, "smoke", false, "smoke run: 100x10 only, few changes and connections, report in a temporary directory unless --out/--plots are given")
+	flag.BoolVar(&large, "large", false, "large run (issue #22): "+formatSizes(largeOptions().Sizes)+" with --max-services=100000, --time-limit=1h, --case-limit=5m; report in a temporary directory unless --out/--plots are given")
 	flag.BoolVar(&o.Verbose, "v", false, "pass the children's logs through")
 	flag.BoolVar(&o.Datapath, "datapath", false, "data-path mode: TCP_CRR and UDP packets/s from a client through node1's node port to an endpoint on node2, for --paths at --sizes (default "+formatSizes(datapathSizes)+")")
 	flag.StringVar(&paths, "paths", strings.Join(o.Paths, ","), "data paths to measure with --datapath: "+strings.Join(dpPathNames(), ", "))
@@ -97,6 +98,24 @@ func main() {
 			}
 		}
 	}
+	if large && o.Datapath {
+		fatal(fmt.Errorf("--large is a size of the scale run, not of --datapath"))
+	}
+	if large {
+		l := largeOptions()
+		if !set["sizes"] {
+			sizes = formatSizes(l.Sizes)
+		}
+		if !set["max-services"] {
+			o.MaxServices = l.MaxServices
+		}
+		if !set["time-limit"] {
+			o.TimeLimit = l.TimeLimit
+		}
+		if !set["case-limit"] {
+			o.CaseLimit = l.CaseLimit
+		}
+	}
 	if smoke {
 		s := smokeOptions()
 		if !set["sizes"] && !o.Datapath {
@@ -108,6 +127,9 @@ func main() {
 		if !set["connects"] {
 			o.Connects = s.Connects
 		}
+	}
+	if smoke || large {
+		// Not the default run's report: BENCHMARKS.md keeps that one.
 		if !set["out"] || !set["plots"] {
 			dir, err := os.MkdirTemp("", "proxykit-bench-")
 			if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/proxykit/proxykit/internal/scale"
 )
 
 // Size is one scale: Services services of Endpoints endpoints each.
@@ -27,8 +29,14 @@ func parseSizes(s string) ([]Size, error) {
 		a, b, ok := strings.Cut(f, "x")
 		n, err1 := strconv.Atoi(a)
 		e, err2 := strconv.Atoi(b)
-		if !ok || err1 != nil || err2 != nil || n < 1 || e < 1 || e > 100 {
-			return nil, fmt.Errorf("invalid size %q: want SERVICESxENDPOINTS, e.g. 1000x10 (at most 100 endpoints)", f)
+		if !ok || err1 != nil || err2 != nil || n < 1 || e < 1 {
+			return nil, fmt.Errorf("invalid size %q: want SERVICESxENDPOINTS, e.g. 1000x10", f)
+		}
+		// The generator's address ranges; the measured service gets as
+		// many endpoints as the others (targetEndpoints).
+		if n > scale.MaxServices || n*e > scale.MaxEndpoints || e > maxTargetEndpoints {
+			return nil, fmt.Errorf("invalid size %q: at most %d services, %d endpoints per service and %d in all",
+				f, scale.MaxServices, maxTargetEndpoints, scale.MaxEndpoints)
 		}
 		out = append(out, Size{n, e})
 	}
@@ -145,6 +153,19 @@ func datapathSmoke(o *Options) {
 	o.DPRun, o.DPWarmup, o.DPRepeat = 300*time.Millisecond, 100*time.Millisecond, 1
 	o.DPClients = 4
 	o.TimeLimit = 2 * time.Minute
+}
+
+// largeOptions is the --large run's scale (issue #22): big services,
+// 1,000 × 1,000 and 10 × 10,000 endpoints, and 100,000 services × 10,
+// with a time budget of an hour on 2 cores; the slowest dataplanes are
+// cut at their larger sizes.
+func largeOptions() Options {
+	o := defaultOptions()
+	o.Sizes = []Size{{10, 10000}, {1000, 1000}, {100000, 10}}
+	o.MaxServices = 100000
+	o.TimeLimit = time.Hour
+	o.CaseLimit = 5 * time.Minute
+	return o
 }
 
 // smokeOptions is the smoke run's scale.

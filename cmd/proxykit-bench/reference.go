@@ -88,8 +88,12 @@ func (r *runner) referenceCase(ctx context.Context, c *Case) {
 	// iptables layout its rule is halfway down KUBE-SERVICES, which
 	// every new connection walks.
 	svcs := scale.Services(c.Size.Services, c.Size.Endpoints)
-	srv := servers(t)
-	target := scale.Target("node1", srv[0].IPv4, srv[1].IPv4)
+	eps, err := targetEndpoints(cctx, t, c.Size)
+	if err != nil {
+		c.Status, c.Reason = "error", oneLine(err.Error())
+		return
+	}
+	target := scale.Target("node1", eps...)
 	mid := len(svcs) / 2
 	withTarget := func() []scale.Service {
 		all := make([]scale.Service, 0, len(svcs)+1)

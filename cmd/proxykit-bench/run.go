@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -317,6 +318,52 @@ func servers(t *testnet.Topology) []*testnet.Pod {
 
 func clientPod(t *testnet.Topology) *testnet.Pod { return t.Pod("node1-pod3") }
 
+// maxTargetEndpoints is how many endpoints the measured service can
+// have: the addresses of targetRange.
+const maxTargetEndpoints = 1<<16 - 2
+
+// targetRange holds the measured service's endpoints at sizes of more
+// than [scale.MaxSliceEndpoints] endpoints per service (see
+// targetEndpoints); node1 routes its first half to the first server pod
+// and its second half to the second.
+var targetRange = netip.MustParsePrefix("10.245.0.0/16")
+
+// targetEndpoints returns the measured service's endpoints at size sz.
+// Up to [scale.MaxSliceEndpoints] endpoints per service it has two, the
+// server pods' own addresses, as in earlier runs. With more it has as
+// many as the other services, so that a connection is balanced over as
+// many: endpoint j is address j+1 of one half of targetRange, taken
+// whole by a server pod as local addresses (a local route), alternating
+// between the two pods; every one answers.
+func targetEndpoints(ctx context.Context, t *testnet.Topology, sz Size) ([]netip.Addr, error) {
+	srv := servers(t)
+	if sz.Endpoints <= scale.MaxSliceEndpoints {
+		return []netip.Addr{srv[0].IPv4, srv[1].IPv4}, nil
+	}
+	halves := make([]netip.Prefix, len(srv))
+	base := targetRange.Addr().As4()
+	for i, p := range srv {
+		b := base
+		b[2] = byte(i * 128)
+		halves[i] = netip.PrefixFrom(netip.AddrFrom4(b), targetRange.Bits()+1)
+		// The pod on node1's side of the veth is pod<i+1>.
+		if _, err := t.Node1.Exec(ctx, "ip", "route", "add", halves[i].String(), "dev", fmt.Sprintf("pod%d", i+1)); err != nil {
+			return nil, err
+		}
+		if _, err := p.Exec(ctx, "ip", "route", "add", "local", halves[i].String(), "dev", "lo"); err != nil {
+			return nil, err
+		}
+	}
+	eps := make([]netip.Addr, sz.Endpoints)
+	for j := range eps {
+		b := halves[j%2].Addr().As4()
+		v := binary.BigEndian.Uint32(b[:]) + uint32(j/2+1)
+		binary.BigEndian.PutUint32(b[:], v)
+		eps[j] = netip.AddrFrom4(b)
+	}
+	return eps, nil
+}
+
 // child is a running child process.
 type child struct {
 	once   sync.Once
@@ -434,8 +481,9 @@ func (r *runner) backendCase(ctx context.Context, c *Case) {
 		Changes:   r.o.Changes,
 		ChangesMS: r.o.ChangesTime.Milliseconds(),
 	}
-	for _, s := range servers(t) {
-		p.Target = append(p.Target, s.IPv4)
+	if p.Target, err = targetEndpoints(cctx, t, c.Size); err != nil {
+		c.Status, c.Reason = "error", oneLine(err.Error())
+		return
 	}
 	switch c.Name {
 	case "iptables":
