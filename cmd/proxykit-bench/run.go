@@ -346,8 +346,10 @@ func targetEndpoints(ctx context.Context, t *testnet.Topology, sz Size) ([]netip
 		b := base
 		b[2] = byte(i * 128)
 		halves[i] = netip.PrefixFrom(netip.AddrFrom4(b), targetRange.Bits()+1)
-		// The pod on node1's side of the veth is pod<i+1>.
-		if _, err := t.Node1.Exec(ctx, "ip", "route", "add", halves[i].String(), "dev", fmt.Sprintf("pod%d", i+1)); err != nil {
+		// Via the pod's own address (the veth on node1's side is
+		// pod<i+1>), so that node1 resolves one neighbour, not one per
+		// endpoint (the neighbour table holds 1,024 by default).
+		if _, err := t.Node1.Exec(ctx, "ip", "route", "add", halves[i].String(), "via", p.IPv4.String(), "dev", fmt.Sprintf("pod%d", i+1)); err != nil {
 			return nil, err
 		}
 		if _, err := p.Exec(ctx, "ip", "route", "add", "local", halves[i].String(), "dev", "lo"); err != nil {
