@@ -40,7 +40,10 @@
 // chains and sets and fills them again in one transaction, and the first
 // full sync of a process takes over a table an earlier process left the
 // same way (chains no service port needs are deleted), so that neither
-// new nor established connections fail across a restart. Only a table the
+// new nor established connections fail across a restart; when the table
+// already holds exactly what that sync would write, as a fingerprint
+// chain recorded by the last full sync says, it is adopted instead and
+// nothing is written (README.md says what is trusted). Only a table the
 // kernel refuses to take over in place (an earlier version's, with other
 // set definitions) is deleted and created again, in the transaction that
 // fills it. Incremental syncs

@@ -206,12 +206,20 @@ func (b *backend) syncIncremental(ctx context.Context, req *proxier.SyncRequest)
 		if err != nil {
 			return err
 		}
+		fp := b.st.fingerprint
+		if tx.Len() > 0 && fp != "" {
+			// The table no longer holds what the fingerprint says.
+			tx.SetOwner(owner(nil))
+			tx.DelChain(fp)
+			fp = ""
+		}
 		built := time.Now()
 		if tx.Len() > 0 {
 			err = b.conn.Commit(ctx, tx)
 		}
 		if err == nil {
 			d.apply()
+			b.st.fingerprint = fp
 			b.last = syncStats{render: built.Sub(start), kernel: time.Since(built),
 				messages: tx.Len(), bytes: tx.Size(), services: len(req.Changed)}
 			b.log.Debug("incremental sync", "changed", len(req.Changed), "messages", tx.Len(),

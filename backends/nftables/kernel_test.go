@@ -545,6 +545,131 @@ func TestKernel(t *testing.T) {
 		cleanupAndCheck(t, b, topo.node)
 	})
 
+	t.Run("AdoptsMatchingTable", func(t *testing.T) {
+		// A new process whose first sync would write what the table
+		// holds adopts it: nothing is written (every handle stays),
+		// and it goes on incrementally from what it rendered.
+		a := clusterSvc("adopt-a", model.TCP, "10.96.5.7", 80, pod1v4)
+		sticky := clusterSvc("adopt-sticky", model.TCP, "10.96.5.8", 80, pod2v4)
+		sticky.Port.SessionAffinity = true // a chain and an affinity set
+		sticky.Port.AffinityTimeout = time.Minute
+		b1 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b1, request(model.IPv4, []testSvc{a, sticky}, nil))
+		before := listWithHandles(t, topo.node)
+		if !strings.Contains(before, "chain "+fingerprintPrefix) {
+			t.Fatalf("no fingerprint chain after a full sync:\n%s", before)
+		}
+		b1.Close()
+		b2 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b2, request(model.IPv4, []testSvc{a, sticky}, nil))
+		if !b2.last.adopted || b2.last.messages != 0 {
+			t.Errorf("second process's first sync: %+v; want the table adopted", b2.last)
+		}
+		if after := listWithHandles(t, topo.node); after != before {
+			t.Errorf("the adopted table was rewritten:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+		if a, err := askTCP(topo.pod2, ap("10.96.5.8:80"), longWait); err != nil || a.pod != "pod2" {
+			t.Fatalf("after adopting: %v %v", a, err)
+		}
+		// An incremental sync from the adopted state: the endpoint
+		// added gets traffic, and the fingerprint goes.
+		a2 := clusterSvc("adopt-a", model.TCP, "10.96.5.7", 80, pod2v4)
+		mustSync(t, b2, request(model.IPv4, []testSvc{a2, sticky}, backendtest.Names(a2)))
+		if n := countPods(t, topo.node, ap("10.96.5.7:80"), 5); n["pod2"] != 5 {
+			t.Fatalf("after an incremental sync of the adopted table: %v", n)
+		}
+		changed := listWithHandles(t, topo.node)
+		if strings.Contains(changed, "chain "+fingerprintPrefix) {
+			t.Fatalf("the fingerprint chain survived an incremental sync:\n%s", changed)
+		}
+		// So a process started now takes the table over, although it
+		// renders the same state.
+		b2.Close()
+		b3 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b3, request(model.IPv4, []testSvc{a2, sticky}, nil))
+		if b3.last.adopted {
+			t.Errorf("a table changed incrementally since its fingerprint was adopted")
+		}
+		if after := listWithHandles(t, topo.node); after == changed {
+			t.Errorf("the table was not rewritten after an incremental sync:\n%s", after)
+		}
+		// The full sync wrote a fingerprint again; a periodic full sync
+		// rewrites the table even so.
+		b3.Close()
+		b4 := newTestBackend(t, topo.node, model.IPv4, Config{})
+		mustSync(t, b4, request(model.IPv4, []testSvc{a2, sticky}, nil))
+		if !b4.last.adopted {
+			t.Errorf("the table a full sync wrote was not adopted")
+		}
+		adopted := listWithHandles(t, topo.node)
+		req := request(model.IPv4, []testSvc{a2, sticky}, nil)
+		req.Full = true
+		mustSync(t, b4, req)
+		if b4.last.adopted || listWithHandles(t, topo.node) == adopted {
+			t.Errorf("a later full sync did not rewrite the table")
+		}
+		if n := countPods(t, topo.node, ap("10.96.5.7:80"), 5); n["pod2"] != 5 {
+			t.Fatalf("after the full sync: %v", n)
+		}
+		cleanupAndCheck(t, b4, topo.node)
+	})
+
+	t.Run("TakesOverMismatchingTable", func(t *testing.T) {
+		// A table that holds something else than the first sync would
+		// write is taken over, even with a fingerprint.
+		a := clusterSvc("mismatch-a", model.TCP, "10.96.5.9", 80, pod1v4)
+		b := clusterSvc("mismatch-b", model.TCP, "10.96.5.10", 80, pod2v4)
+		for _, tc := range []struct {
+			name string
+			edit func(t *testing.T)
+			// want is what the second process programs.
+			want []testSvc
+		}{
+			{name: "OtherState", want: []testSvc{a}},
+			{name: "ChainAdded", want: []testSvc{a, b}, edit: func(t *testing.T) {
+				if out, err := topo.node.nft("add", "chain", "ip", "proxykit", "hand-made"); err != nil {
+					t.Fatal(out, err)
+				}
+			}},
+			{name: "FingerprintDeleted", want: []testSvc{a, b}, edit: func(t *testing.T) {
+				for _, l := range strings.Split(listWithHandles(t, topo.node), "\n") {
+					if f := strings.Fields(l); len(f) >= 2 && f[0] == "chain" && isFingerprint(f[1]) {
+						if out, err := topo.node.nft("delete", "chain", "ip", "proxykit", f[1]); err != nil {
+							t.Fatal(out, err)
+						}
+					}
+				}
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				b1 := newTestBackend(t, topo.node, model.IPv4, Config{})
+				mustSync(t, b1, request(model.IPv4, []testSvc{a, b}, nil))
+				b1.Close()
+				if tc.edit != nil {
+					tc.edit(t)
+				}
+				before := listWithHandles(t, topo.node)
+				b2 := newTestBackend(t, topo.node, model.IPv4, Config{})
+				mustSync(t, b2, request(model.IPv4, tc.want, nil))
+				after := listWithHandles(t, topo.node)
+				if b2.last.adopted || after == before {
+					t.Fatalf("a table that differs was adopted (%+v):\n%s", b2.last, after)
+				}
+				if strings.Contains(after, "hand-made") || strings.Count(after, "chain "+fingerprintPrefix) != 1 {
+					t.Errorf("after the take-over, a hand-made chain or not one fingerprint chain:\n%s", after)
+				}
+				if n := countPods(t, topo.node, ap("10.96.5.9:80"), 3); n["pod1"] != 3 {
+					t.Fatalf("after the take-over: %v", n)
+				}
+				_, err := askTCP(topo.node, ap("10.96.5.10:80"), shortWait)
+				if gone := len(tc.want) == 1; gone != (err != nil) {
+					t.Fatalf("service b (wanted: %v): %v", !gone, err)
+				}
+				cleanupAndCheck(t, b2, topo.node)
+			})
+		}
+	})
+
 	t.Run("NftListsRuleset", func(t *testing.T) {
 		// Operators debug with `nft list ruleset`: nft (1.0.6 here) must
 		// be able to print every rule the backend writes, affinity
@@ -683,6 +808,17 @@ func countPods(t *testing.T, from *testNS, addr netip.AddrPort, n int) map[strin
 }
 
 // cleanupAndCheck runs Cleanup and checks that the table is gone.
+// listWithHandles returns `nft -a list table ip proxykit`: the table
+// with the handle of every chain, set and rule, which a rewrite changes.
+func listWithHandles(t *testing.T, ns *testNS) string {
+	t.Helper()
+	out, err := ns.nft("-a", "list", "table", "ip", "proxykit")
+	if err != nil {
+		t.Fatal(out, err)
+	}
+	return out
+}
+
 func cleanupAndCheck(t *testing.T, b proxier.Backend, ns *testNS) {
 	t.Helper()
 	if err := b.Cleanup(t.Context()); err != nil {

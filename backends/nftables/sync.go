@@ -42,7 +42,10 @@ type backend struct {
 
 // syncStats describes one sync.
 type syncStats struct {
-	full            bool
+	full bool
+	// adopted is set when a first full sync found the table holding
+	// what it would write, and wrote nothing.
+	adopted         bool
 	render, kernel  time.Duration // building the batch; the kernel's commit
 	messages, bytes int
 	services        int
@@ -81,6 +84,10 @@ type state struct {
 	// noTable is set when the table does not exist because nothing
 	// needs it (see wantTable).
 	noTable bool
+	// fingerprint is the fingerprint chain the table holds, naming the
+	// hash of what the last full sync wrote (see fingerprint.go); empty
+	// once an incremental sync changed the table.
+	fingerprint string
 }
 
 type svcState struct {
@@ -265,6 +272,9 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			mode = fullCreate
 		} else {
 			stale, staleSets = b.st.chainNames(), b.st.setNames()
+			if b.st.fingerprint != "" {
+				stale = append(stale, b.st.fingerprint)
+			}
 		}
 	}
 	skip := map[model.ServicePortName]error{}
@@ -273,13 +283,24 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		// After a failure nobody claimed, send each service port's
 		// elements in messages of their own, so the next failure names
 		// the service port.
-		tx, err := b.fullBatch(st, mode, stale, staleSets, attempt > 0)
+		f, err := b.fullBatch(st, mode, stale, staleSets, attempt > 0)
 		if err != nil {
 			return err
 		}
+		tx := f.tx
 		built := time.Now()
+		if mode == fullTakeOver && attempt == 0 && f.holds(stale, staleSets) {
+			// The kernel holds what tx would write: adopt it.
+			st.fingerprint = f.fingerprint
+			b.st = st
+			b.last = syncStats{full: true, adopted: true, render: built.Sub(start), services: len(st.services)}
+			b.log.Info("full sync", "services", len(st.services), "messages", 0, "bytes", 0,
+				"mode", "adopt", "render", built.Sub(start), "kernel", time.Duration(0))
+			return proxier.JoinObjectErrors(objErrs, skip)
+		}
 		err = b.conn.Commit(ctx, tx)
 		if err == nil {
+			st.fingerprint = f.fingerprint
 			b.st = st
 			b.last = syncStats{full: true, render: built.Sub(start), kernel: time.Since(built),
 				messages: tx.Len(), bytes: tx.Size(), services: len(st.services)}
@@ -416,10 +437,22 @@ func (st *state) allocID() uint32 {
 	return st.nextID - 1
 }
 
+// fullTx is the transaction of a full sync and what it leaves in the
+// table.
+type fullTx struct {
+	tx *nftnl.Batch
+	// chains and sets are the chains (but the fingerprint chain) and
+	// sets the table holds once tx is committed.
+	chains, sets map[string]bool
+	// fingerprint is the fingerprint chain tx adds.
+	fingerprint string
+}
+
 // fullBatch builds the transaction that makes the kernel hold st, given
 // how the table is to be treated and, unless it is created, the chains
-// it holds (in deletion order).
-func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string, perService bool) (*nftnl.Batch, error) {
+// it holds (in deletion order; fingerprint chains among them are deleted
+// unless tx adds the same).
+func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string, perService bool) (*fullTx, error) {
 	tx := nftnl.NewBatchSize(b.fi.proto, b.cfg.TableName, estimateBatch(st))
 	tx.AddTable()
 	if mode == fullReplace {
@@ -484,7 +517,7 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 		// Chains of the previous state that are gone.
 		tx.SetOwner(owner(nil))
 		for _, c := range stale {
-			if !want[c] {
+			if !want[c] && !isFingerprint(c) {
 				tx.DelChain(c)
 			}
 		}
@@ -548,8 +581,10 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 	}
 	tx.SetOwner(owner(nil))
 	for set, keys := range st.refs {
+		// In key order, so that the batch, and its fingerprint, depend
+		// on st alone.
 		bySet[set] = slices.Grow(bySet[set], len(keys))
-		for k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
 			bySet[set] = append(bySet[set], elem{Key: []byte(k)})
 		}
 	}
@@ -575,7 +610,9 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 			buf = buf[:0]
 		}
 	}
-	return tx, nil
+	f := &fullTx{tx: tx, chains: want, sets: wantSet}
+	b.addFingerprint(f, stale)
+	return f, nil
 }
 
 // estimateBatch returns about the size of the full batch of st, so that
