@@ -84,8 +84,11 @@
 // at every sync to the interfaces present then, known by index: an
 // interface deleted and created again gets its program at the next
 // sync.
-// SNATed flows take source ports from Config.NorthSouthSNATPorts; a
-// closed TCP flow's port and an idle UDP flow's are taken again.
+// SNATed flows take source ports from Config.NorthSouthSNATPorts (by
+// default the widest run of ports from 1024 outside the node's
+// ephemeral range), first the client's own port, or its image in the
+// range, so that a client tuple keeps its SNAT tuple; a closed TCP
+// flow's port and an idle UDP flow's are taken again.
 //
 // # North-south: XDP
 //

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -15,37 +16,61 @@ import (
 	"github.com/proxykit/proxykit/proxier"
 )
 
-// The default range of the source ports of SNATed north-south flows
-// (Config.NorthSouthSNATPorts): above Linux's default ephemeral range
-// (32768-60999), so that the node's own connections do not take them.
-const (
-	DefaultSNATPortMin = 61000
-	DefaultSNATPortMax = 65535
-)
+// localPortRangeFile is the node's ephemeral port range, read in its
+// network namespace.
+const localPortRangeFile = "/proc/sys/net/ipv4/ip_local_port_range"
 
-// snatPorts returns the configured SNAT port range, or the default.
-func (c *Config) snatPorts() (lo, hi uint16, err error) {
-	lo, hi = c.NorthSouthSNATPorts[0], c.NorthSouthSNATPorts[1]
-	if lo == 0 && hi == 0 {
-		return DefaultSNATPortMin, DefaultSNATPortMax, nil
+// minSNATPorts is the fewest ports the default SNAT range may have.
+const minSNATPorts = 1024
+
+// readLocalPortRange reads the ephemeral port range of the calling
+// thread's network namespace.
+func readLocalPortRange() ([2]uint16, error) {
+	b, err := os.ReadFile(localPortRangeFile)
+	if err != nil {
+		return [2]uint16{}, err
 	}
-	if lo == 0 || hi < lo {
-		return 0, 0, fmt.Errorf("ebpf: Config.NorthSouthSNATPorts %d-%d is not a range of ports (want first <= last, both 1-65535)", lo, hi)
+	var lo, hi uint16
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return [2]uint16{}, fmt.Errorf("%s: %q: %w", localPortRangeFile, b, err)
 	}
-	return lo, hi, nil
+	return [2]uint16{lo, hi}, nil
 }
 
-// setSNATPorts writes the SNAT port range into bpf/nodeport.c's
-// load-time constants.
-func setSNATPorts(spec *ebpf.CollectionSpec, cfg *Config) error {
-	lo, hi, err := cfg.snatPorts()
-	if err != nil {
-		return err
+// snatPorts returns the source port range of the flows the tc and XDP
+// programs SNAT: Config.NorthSouthSNATPorts, or by default the widest
+// run of ports from 1024 to 65535 outside local, the node's ephemeral
+// range (1024-32767 with Linux's default 32768-60999), so that the
+// node's own connections never pick a port a SNATed flow holds. A
+// client's ephemeral ports map one to one onto a range at least as
+// wide as its ephemeral range (see own_port in bpf/nodeport.h).
+func (c *Config) snatPorts(local [2]uint16) (lo, hi uint16, err error) {
+	lo, hi = c.NorthSouthSNATPorts[0], c.NorthSouthSNATPorts[1]
+	if lo != 0 || hi != 0 {
+		if lo == 0 || hi < lo {
+			return 0, 0, fmt.Errorf("ebpf: Config.NorthSouthSNATPorts %d-%d is not a range of ports (want first <= last, both 1-65535)", lo, hi)
+		}
+		return lo, hi, nil
 	}
-	for name, v := range map[string]uint16{"snat_port_min": lo, "snat_port_max": hi} {
+	below := [2]int{1024, int(local[0]) - 1}
+	above := [2]int{int(local[1]) + 1, 65535}
+	best := below
+	if above[1]-above[0] > best[1]-best[0] {
+		best = above
+	}
+	if best[1]-best[0]+1 < minSNATPorts {
+		return 0, 0, fmt.Errorf("ebpf: the node's ephemeral ports (%s %d-%d) leave fewer than %d ports from 1024 for SNATed north-south flows; set Config.NorthSouthSNATPorts", localPortRangeFile, local[0], local[1], minSNATPorts)
+	}
+	return uint16(best[0]), uint16(best[1]), nil
+}
+
+// setSNATPorts writes the SNAT port range into bpf/nodeport.h's
+// load-time constants.
+func setSNATPorts(spec *ebpf.CollectionSpec, ports [2]uint16) error {
+	for name, v := range map[string]uint16{"snat_port_min": ports[0], "snat_port_max": ports[1]} {
 		vs, ok := spec.Variables[name]
 		if !ok {
-			return fmt.Errorf("ebpf: bpf/nodeport.c lacks variable %s", name)
+			return fmt.Errorf("ebpf: bpf/nodeport.h lacks variable %s", name)
 		}
 		if err := vs.Set(v); err != nil {
 			return fmt.Errorf("ebpf: %s: %w", name, err)

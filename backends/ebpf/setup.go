@@ -128,8 +128,15 @@ type Config struct {
 	// with externalTrafficPolicy Cluster). Each endpoint address and port
 	// has this many flows open at once; a closed TCP flow's port (a FIN
 	// each way, or a RST) and an idle UDP flow's (about 2 minutes) are
-	// taken again when no free one is found. Zero means
-	// [DefaultSNATPortMin]-[DefaultSNATPortMax].
+	// taken again when no free one is found. A flow keeps the client's
+	// port when the range holds it, else takes the port's image in the
+	// range; the range should be at least as wide as the clients'
+	// ephemeral ranges (Linux: 28,232 ports), so that each client tuple
+	// keeps its own SNAT tuple. Zero means the widest run of ports from
+	// 1024 to 65535 outside the node's ephemeral range
+	// (net.ipv4.ip_local_port_range in NetNS): 1024-32767 with Linux's
+	// default. It must not overlap the ephemeral range: the node's own
+	// connections would take the same tuples.
 	NorthSouthSNATPorts [2]uint16
 	// NorthSouthXDPVeth lets the XDP program of [NorthSouthXDP] send
 	// packets out of external interfaces that are veths. Set it only

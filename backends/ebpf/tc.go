@@ -82,6 +82,8 @@ type tcPlane struct {
 	objs nodeportObjects
 	ns   *netns.NS
 	nl   *netlink.Handle
+	// snat is the source port range of SNATed flows (Config.snatPorts).
+	snat [2]uint16
 
 	mu     sync.Mutex
 	refs   int
@@ -153,6 +155,18 @@ func newTCPlaneFor(cfg Config, dp *dataplane) (*tcPlane, error) {
 		return nil, fmt.Errorf("ebpf: tc: %w", err)
 	}
 	p.ns = ns
+	var local [2]uint16
+	if err := ns.Do(func() (err error) { local, err = readLocalPortRange(); return err }); err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("ebpf: tc: the node's ephemeral ports: %w", err)
+	}
+	lo, hi, err := cfg.snatPorts(local)
+	if err != nil {
+		ns.Close()
+		return nil, err
+	}
+	p.snat = [2]uint16{lo, hi}
+	p.log.Debug("SNAT source ports", "first", lo, "last", hi, "ephemeral", fmt.Sprintf("%d-%d", local[0], local[1]))
 	if p.nl, err = ns.NetlinkHandle(unix.NETLINK_ROUTE); err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("ebpf: tc: netlink: %w", err)
@@ -195,7 +209,7 @@ func (p *tcPlane) load(dp *dataplane) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: tc: %w", err)
 	}
-	if err := setSNATPorts(spec, &p.cfg); err != nil {
+	if err := setSNATPorts(spec, p.snat); err != nil {
 		return err
 	}
 	nfam := max(len(p.cfg.Families), 1)

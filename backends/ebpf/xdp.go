@@ -63,7 +63,7 @@ func (p *tcPlane) loadXDP() error {
 	if err != nil {
 		return fmt.Errorf("ebpf: xdp: %w", err)
 	}
-	if err := setSNATPorts(spec, &p.cfg); err != nil {
+	if err := setSNATPorts(spec, p.snat); err != nil {
 		return err
 	}
 	shared := map[string]*ebpf.Map{

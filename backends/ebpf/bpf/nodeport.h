@@ -42,8 +42,9 @@
 #define IPPROTO_UDP 17
 
 /* The first and last source port of SNATed flows (load-time
- * constants): outside Linux's default ephemeral range (32768-60999), so
- * that the node's own connections do not collide with them. */
+ * constants, Config.NorthSouthSNATPorts): by default outside the node's
+ * ephemeral range (ip_local_port_range), so that the node's own
+ * connections do not collide with them. */
 volatile const __u16 snat_port_min = 61000;
 volatile const __u16 snat_port_max = 65535;
 
@@ -719,10 +720,42 @@ static __always_inline int take(const struct pkt *p, struct nat *n, const struct
 	return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 }
 
+/* own_port is the SNAT port a client tuple t prefers: its own source
+ * port when the range holds it, as conntrack keeps it; else the port
+ * moved into the range by an offset that depends on the client's
+ * address only. One client's ports thus map one to one onto the range
+ * when its ephemeral range is no wider than the SNAT range, and the
+ * same client tuple gets the same SNAT tuple each time it comes back.
+ * That matters to the endpoint: it keeps a tuple it closed first in
+ * TIME_WAIT for a minute and takes a new SYN on it only from the same
+ * client tuple, whose sequence numbers and timestamps grow from one
+ * connection to the next; a SYN of another client tuple carries
+ * unrelated ones (the client's kernel offsets them per tuple: measured
+ * on 6.18) and is refused (PAWS) about half of the time, and its client
+ * waits a second for the retransmission. */
+static __always_inline __be16 own_port(const struct tuple *t, __u32 span)
+{
+	__u32 port = bpf_ntohs(t->sport);
+	__u32 a = t->saddr[0] ^ t->saddr[1] ^ t->saddr[2] ^ t->saddr[3];
+
+	if (port >= snat_port_min && port <= snat_port_max)
+		return t->sport;
+	return bpf_htons((__u16)(snat_port_min + (port + (a >> 16) + (a & 0xffff)) % span));
+}
+
+/* same_client reports whether reverse entry r belongs to the client
+ * tuple t (its rewrite restores t's source and destination). */
+static __always_inline int same_client(const struct nat *r, const struct tuple *t)
+{
+	return r->dport == t->sport && r->sport == t->dport && same16(r->daddr, t->saddr) && same16(r->saddr, t->daddr);
+}
+
 /* claim records a new flow: its reverse entry (with a free SNAT port
  * when it is SNATed: the reverse tuple must be unique) and its
- * tracking entry. A SNATed flow tries SNAT_TRIES random ports; when none
- * is free it takes the first of them whose flow is over (closed). */
+ * tracking entry. A SNATed flow first tries its own port (own_port),
+ * which it also takes back from its own closed flow; then SNAT_TRIES
+ * random ports; when none is free it takes the first of them whose flow
+ * is over (closed). */
 static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 {
 	struct tuple rk;
@@ -735,6 +768,13 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
 		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 	}
+	n->sport = own_port(&p->t, span);
+	reverse_of(&p->t, n, &rk, &rv);
+	if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
+		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
+	struct nat *own = bpf_map_lookup_elem(&pk_nsrev, &rk);
+	if (own && same_client(own, &p->t) && closed(own, p->t.proto))
+		return take(p, n, &rk, &rv);
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		n->sport = bpf_htons((__u16)(snat_port_min + bpf_get_prandom_u32() % span));
 		reverse_of(&p->t, n, &rk, &rv);
