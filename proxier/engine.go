@@ -68,6 +68,9 @@ type Engine struct {
 	// have not succeeded yet (svcTaken, epTaken).
 	svcPending, svcTaken map[model.ServiceName]struct{}
 	epPending, epTaken   int
+	// svcPendingOnly counts the names of svcPending not in svcTaken, so
+	// that an event costs the same however many are pending.
+	svcPendingOnly int
 }
 
 var _ Proxier = (*Engine)(nil)
@@ -241,13 +244,7 @@ func (e *Engine) event(apply func()) {
 
 // setPending sets the *_changes_pending gauges. The caller holds e.mu.
 func (e *Engine) setPending() {
-	n := len(e.svcTaken)
-	for name := range e.svcPending {
-		if _, ok := e.svcTaken[name]; !ok {
-			n++
-		}
-	}
-	e.metrics.servicePending.Set(float64(n))
+	e.metrics.servicePending.Set(float64(len(e.svcTaken) + e.svcPendingOnly))
 	e.metrics.endpointPending.Set(float64(e.epPending + e.epTaken))
 }
 
@@ -261,7 +258,13 @@ func (e *Engine) OnServiceUpdate(oldSvc, svc *v1.Service) {
 			f.tracker.OnService(oldSvc, svc)
 		}
 		if s := cmp.Or(svc, oldSvc); s != nil {
-			e.svcPending[model.ServiceName{Namespace: s.Namespace, Name: s.Name}] = struct{}{}
+			name := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
+			_, pending := e.svcPending[name]
+			_, taken := e.svcTaken[name]
+			if !pending && !taken {
+				e.svcPendingOnly++
+			}
+			e.svcPending[name] = struct{}{}
 			e.setPending()
 		}
 	})
@@ -465,6 +468,7 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	e.triggerTimes = map[model.IPFamily][]time.Time{}
 	maps.Copy(e.svcTaken, e.svcPending)
 	clear(e.svcPending)
+	e.svcPendingOnly = 0
 	e.epTaken += e.epPending
 	e.epPending = 0
 	topo := e.topo
@@ -515,6 +519,7 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 		e.health.LastSync = time.Now()
 		e.health.OldestPending = e.pendingAfter
 		clear(e.svcTaken)
+		e.svcPendingOnly = len(e.svcPending)
 		e.epTaken = 0
 		e.setPending()
 		// Flush waiters wake once the dataplane and the health check
