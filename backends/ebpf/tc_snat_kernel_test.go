@@ -109,7 +109,7 @@ func TestTCSNATKeepsClientPort(t *testing.T) {
 // closed first by the endpoint (which then holds each tuple in
 // TIME_WAIT), from the client's ephemeral ports through a node port to
 // a remote endpoint, with the default SNAT range: the endpoint refuses
-// none of their SYNs (TcpExtPAWSTimewait), since each client tuple gets
+// none of their SYNs (PAWS), since each client tuple gets
 // its own SNAT tuple. With random SNAT ports about one connection in a
 // hundred collided with an older tuple of another client port and
 // waited a second (measured: 455 refusals in 8,309 connections).
@@ -206,8 +206,9 @@ func (x *snatFixture) connectFrom(t *testing.T, port int) int {
 	return seen
 }
 
-// pawsTimewait reads the endpoint's TcpExtPAWSTimewait: SYNs refused on
-// tuples it holds in TIME_WAIT.
+// pawsTimewait reads the endpoint's SYNs refused by PAWS: on tuples it
+// holds in TIME_WAIT (TcpExtPAWSTimewait in newer kernels; older ones
+// count them in PAWSEstab, which is summed in too).
 func (x *snatFixture) pawsTimewait(t *testing.T) int {
 	t.Helper()
 	var n int
@@ -226,14 +227,22 @@ func (x *snatFixture) pawsTimewait(t *testing.T) int {
 				names = f
 				continue
 			}
+			found := false
 			for i, name := range names {
-				if name == "PAWSTimewait" && i < len(f) {
-					n, err = strconv.Atoi(f[i])
-					return err
+				if (name == "PAWSTimewait" || name == "PAWSEstab") && i < len(f) {
+					v, err := strconv.Atoi(f[i])
+					if err != nil {
+						return err
+					}
+					n += v
+					found = true
 				}
 			}
+			if found {
+				return nil
+			}
 		}
-		return fmt.Errorf("no TcpExt PAWSTimewait in /proc/net/netstat")
+		return fmt.Errorf("no TcpExt PAWSTimewait or PAWSEstab in /proc/net/netstat")
 	})
 	if err != nil {
 		t.Fatal(err)
