@@ -93,18 +93,18 @@ func (s *svcState) slots() int {
 	return n
 }
 
-// backends returns the slot entries of s.
-func (s *svcState) backends(keys []beKey, vals []netip.AddrPort) ([]beKey, []netip.AddrPort) {
+// group returns the endpoints of s's group id, in slot order; none when
+// s is nil or has no such group.
+func (s *svcState) group(id uint32) []netip.AddrPort {
+	if s == nil {
+		return nil
+	}
 	for _, g := range s.groups {
-		if g == nil {
-			continue
-		}
-		for i, ep := range g.eps {
-			keys = append(keys, beKey{ID: g.id, Slot: uint32(i)})
-			vals = append(vals, ep)
+		if g != nil && g.id == id {
+			return g.eps
 		}
 	}
-	return keys, vals
+	return nil
 }
 
 // frontend is one address a service port is reached on, and which of

@@ -541,28 +541,30 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 // diffService adds to o what turns old into s (either may be nil), and
 // records the frontends it writes in putSvc.
 func diffService(o *ops, old, s *svcState, putSvc map[feKey]bool) {
-	var oldK, newK []beKey
-	var oldV, newV []netip.AddrPort
-	if old != nil {
-		oldK, oldV = old.backends(nil, nil)
-	}
+	// Slot by slot: a group keeps its id and most of its slots
+	// (layout), so comparing the slots of the group of the same id
+	// finds the change without indexing every endpoint.
 	if s != nil {
-		newK, newV = s.backends(nil, nil)
-	}
-	oldBe := make(map[beKey]netip.AddrPort, len(oldK))
-	for i, k := range oldK {
-		oldBe[k] = oldV[i]
-	}
-	newBe := make(map[beKey]bool, len(newK))
-	for i, k := range newK {
-		newBe[k] = true
-		if v, ok := oldBe[k]; !ok || v != newV[i] {
-			o.putBeK, o.putBeV = append(o.putBeK, k), append(o.putBeV, newV[i])
+		for _, g := range s.groups {
+			if g == nil {
+				continue
+			}
+			prev := old.group(g.id)
+			for i, ep := range g.eps {
+				if i >= len(prev) || prev[i] != ep {
+					o.putBeK, o.putBeV = append(o.putBeK, beKey{ID: g.id, Slot: uint32(i)}), append(o.putBeV, ep)
+				}
+			}
 		}
 	}
-	for _, k := range oldK {
-		if !newBe[k] {
-			o.delBe = append(o.delBe, k)
+	if old != nil {
+		for _, g := range old.groups {
+			if g == nil {
+				continue
+			}
+			for i := len(s.group(g.id)); i < len(g.eps); i++ {
+				o.delBe = append(o.delBe, beKey{ID: g.id, Slot: uint32(i)})
+			}
 		}
 	}
 	if s != nil {
