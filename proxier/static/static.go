@@ -11,7 +11,10 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -89,43 +92,115 @@ func (tm *typeMeta) name() string {
 // are ignored; a `kind: List` is unpacked. It returns the objects it could
 // use and, joined, a [*DocumentError] for each document it could not,
 // naming it by position and, when readable, kind and name; an I/O error
-// is returned alone.
+// is returned alone, with the objects of the documents before it.
+//
+// Documents are decoded in parallel (up to GOMAXPROCS at a time): the
+// YAML parser is what costs, about 0.1 ms per object. The result is the
+// same as one at a time: objects and errors in file order.
 func Parse(r io.Reader) (*Objects, error) {
-	objs := &Objects{}
-	var errs []error
 	rd := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	var docs []document
+	var readErr error
 	for i := 0; ; i++ {
 		doc, err := rd.Read()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return objs, fmt.Errorf("read YAML: %w", err)
+			readErr = fmt.Errorf("read YAML: %w", err)
+			break
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
-		// Each document is converted to JSON once (the YAML parser is
-		// what costs); the peek at its kind and the strict decoding of
-		// the object read that JSON.
-		j, err := yaml.YAMLToJSONStrict(doc)
-		if err != nil && !decodes(doc) {
-			// E.g. duplicate keys in a kind this package ignores.
-			j, err = yaml.YAMLToJSON(doc)
+		docs = append(docs, document{index: i, data: doc})
+	}
+	parseAll(docs)
+	objs := &Objects{}
+	var errs []error
+	for i := range docs {
+		d := &docs[i]
+		if d.err != nil {
+			errs = append(errs, d.err)
 		}
-		if err == nil {
-			err = objs.add(j)
+		o := d.objs
+		if o == nil {
+			continue
 		}
-		if err != nil {
-			de := &DocumentError{Index: i, Err: err}
-			var tm typeMeta
-			if yaml.Unmarshal(doc, &tm) == nil {
-				de.Kind, de.Name = tm.Kind, tm.name()
+		objs.Services = append(objs.Services, o.Services...)
+		objs.EndpointSlices = append(objs.EndpointSlices, o.EndpointSlices...)
+		objs.Nodes = append(objs.Nodes, o.Nodes...)
+		for _, p := range o.ServiceCIDRs {
+			if !slices.Contains(objs.ServiceCIDRs, p) {
+				objs.ServiceCIDRs = append(objs.ServiceCIDRs, p)
 			}
-			errs = append(errs, de)
 		}
+		objs.Documents += o.Documents
+	}
+	if readErr != nil {
+		return objs, readErr
 	}
 	return objs, errors.Join(errs...)
+}
+
+// document is one non-empty document of a file, and once parsed its
+// objects and error.
+type document struct {
+	index int
+	data  []byte
+	objs  *Objects
+	err   error
+}
+
+// parseChunk is how many documents a worker of parseAll takes at a time.
+const parseChunk = 64
+
+// parseAll parses docs, on up to GOMAXPROCS goroutines.
+func parseAll(docs []document) {
+	workers := min(runtime.GOMAXPROCS(0), (len(docs)+parseChunk-1)/parseChunk)
+	var next atomic.Int64
+	work := func() {
+		for {
+			end := int(next.Add(parseChunk))
+			start := end - parseChunk
+			if start >= len(docs) {
+				return
+			}
+			for i := start; i < min(end, len(docs)); i++ {
+				docs[i].parse()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range workers - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+}
+
+// parse decodes the document into d.objs, or sets d.err.
+func (d *document) parse() {
+	d.objs = &Objects{}
+	// Each document is converted to JSON once (the YAML parser is what
+	// costs); the peek at its kind and the strict decoding of the object
+	// read that JSON.
+	j, err := yaml.YAMLToJSONStrict(d.data)
+	if err != nil && !decodes(d.data) {
+		// E.g. duplicate keys in a kind this package ignores.
+		j, err = yaml.YAMLToJSON(d.data)
+	}
+	if err == nil {
+		err = d.objs.add(j)
+	}
+	if err != nil {
+		de := &DocumentError{Index: d.index, Err: err}
+		var tm typeMeta
+		if yaml.Unmarshal(d.data, &tm) == nil {
+			de.Kind, de.Name = tm.Kind, tm.name()
+		}
+		d.err = de
+	}
 }
 
 // decodes reports whether doc, which does not convert strictly, is
