@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -93,6 +94,62 @@ spec:
 	if len(objs.Services) != 2 {
 		t.Fatalf("good documents lost: %d services", len(objs.Services))
 	}
+}
+
+// TestParseManyInFileOrder: a file of more documents than one worker
+// takes at a time parses to its objects and errors in file order.
+func TestParseManyInFileOrder(t *testing.T) {
+	var b strings.Builder
+	bad := map[int]bool{70: true, 200: true, 201: true}
+	const n = 300
+	for i := range n {
+		if bad[i] {
+			fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: bad-%d}\nspec: {clusterIPz: 10.0.0.1}\n", i)
+			continue
+		}
+		fmt.Fprintf(&b, "---\napiVersion: v1\nkind: Service\nmetadata: {name: svc-%d}\nspec: {clusterIP: 10.96.%d.%d}\n", i, i/250, i%250+1)
+		if i%3 == 0 {
+			fmt.Fprintf(&b, "---\napiVersion: v1\nkind: ServiceCIDR\nmetadata: {name: c%d}\nspec: {cidrs: [10.%d.0.0/16]}\n", i, i%2)
+		}
+	}
+	objs, err := Parse(strings.NewReader(b.String()))
+	var got []string
+	for _, s := range objs.Services {
+		got = append(got, s.Name)
+	}
+	var want []string
+	for i := range n {
+		if !bad[i] {
+			want = append(want, fmt.Sprintf("svc-%d", i))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("services out of file order: %v", got)
+	}
+	if c := fmt.Sprint(objs.ServiceCIDRs); c != "[10.0.0.0/16 10.1.0.0/16]" {
+		t.Errorf("service CIDRs %s, want the two in file order", c)
+	}
+	var names []string
+	for _, e := range joinedErrors(err) {
+		var de *DocumentError
+		if !errors.As(e, &de) {
+			t.Fatalf("%v: not a DocumentError", e)
+		}
+		names = append(names, de.Name)
+	}
+	if fmt.Sprint(names) != "[bad-70 bad-200 bad-201]" {
+		t.Errorf("errors %v, want the three bad documents in file order", names)
+	}
+}
+
+func joinedErrors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err != nil {
+		return []error{err}
+	}
+	return nil
 }
 
 func TestSourceWatchDeliversDifferences(t *testing.T) {
