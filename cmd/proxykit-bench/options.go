@@ -53,7 +53,7 @@ func formatSizes(s []Size) string {
 
 // Backend and reference names.
 var (
-	backendNames   = []string{"nftables", "iptables", "iptables-nft", "iptables-legacy", "ebpf", "ebpf-socket", "ebpf-maglev", "ipvs"}
+	backendNames   = []string{"nftables", "iptables", "iptables-nft", "iptables-legacy", "ebpf", "ebpf-tc", "ebpf-xdp", "ebpf-socket", "ebpf-maglev", "ipvs"}
 	referenceNames = []string{refNFT, refIPTables, refIPTablesNFT, refIPTablesLegacy}
 )
 

@@ -208,6 +208,8 @@ func (r *runner) label(name string) string {
 		return "iptables (legacy)"
 	case "ebpf":
 		return "ebpf (+ nftables north-south)"
+	case "ebpf-tc", "ebpf-xdp":
+		return "ebpf (+ " + strings.TrimPrefix(name, "ebpf-") + " north-south)"
 	case "ebpf-socket":
 		return "ebpf (socket only)"
 	case "ebpf-maglev":
@@ -488,6 +490,11 @@ func (r *runner) backendCase(ctx context.Context, c *Case) {
 		return
 	}
 	switch c.Name {
+	case "ebpf-tc":
+		// The north-south options of the data-path mode (datapath.go).
+		p.Backend, p.EBPF = "ebpf", map[string]string{"NorthSouth": "tc"}
+	case "ebpf-xdp":
+		p.Backend, p.EBPF = "ebpf", map[string]string{"NorthSouth": "xdp", "NorthSouthXDPVeth": "true"}
 	case "iptables":
 		p.IPTMode = r.iptFlavour
 	case "iptables-nft":
