@@ -339,3 +339,18 @@ func (c *Cluster) Client(tb testing.TB) kubernetes.Interface {
 	}
 	return cs
 }
+
+// APIServerPID returns the process ID of kube-apiserver while it runs,
+// else 0: for a test that reads its CPU time or memory from /proc.
+func (c *Cluster) APIServerPID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.apiserver.pid()
+}
+
+// EtcdPID returns the process ID of etcd while it runs, else 0.
+func (c *Cluster) EtcdPID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.etcd.pid()
+}

@@ -62,6 +62,14 @@ func (p *process) exited() bool {
 	}
 }
 
+// pid returns the process's ID, or 0 if p is nil or has exited.
+func (p *process) pid() int {
+	if p == nil || p.exited() {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // stop sends SIGTERM, waits up to grace for the process to exit, then
 // kills it; killed reports that it had to. Stopping an exited process
 // does nothing. The error says the process did not even die of SIGKILL.

@@ -1,0 +1,142 @@
+package fleet
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/proxykit/proxykit/backends/nftables"
+	"github.com/proxykit/proxykit/internal/testnet"
+	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
+	"github.com/proxykit/proxykit/proxier/informer"
+)
+
+// envChild, when set, makes the test binary a proxier process: its value
+// is the JSON of a childParams.
+const envChild = "PROXYKIT_FLEET_CHILD"
+
+// childParams is what one node's proxier process runs.
+type childParams struct {
+	// Kubeconfig holds the ServiceAccount token of examples/proxy's
+	// manifest.
+	Kubeconfig string
+	// NodeName is the proxier's node (and Node object).
+	NodeName string
+	// NetNS is the node namespace the proxier programs.
+	NetNS string
+	// MinSync is the proxier's MinSyncInterval.
+	MinSync time.Duration
+}
+
+// TestMain runs the proxier process when envChild says so, else the
+// tests.
+func TestMain(m *testing.M) {
+	if p := os.Getenv(envChild); p != "" {
+		if err := childMain(p); err != nil {
+			fmt.Fprintln(os.Stderr, "fleet child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// childMain is one node's proxier, as examples/proxy runs it: the
+// nftables backend programming the node namespace, fed by the informer
+// source over a client with the daemon's defaults (protobuf, QPS 5,
+// burst 10). It runs until SIGTERM. Each Service or EndpointSlice update
+// it receives is written to standard output as "E <kind> <ns>/<name>
+// <unix ns>" before the proxier's handler sees it, so the test can tell
+// the API server's watch delivery from the proxier's sync. Logs go to
+// standard error.
+func childMain(params string) error {
+	var p childParams
+	if err := json.Unmarshal([]byte(params), &p); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.QPS, cfg.Burst = 5, 10
+	cfg.UserAgent = "proxykit-fleet/" + p.NodeName
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	pr, err := nftables.New(nftables.Config{Config: proxier.Config{
+		NetNS:           p.NetNS,
+		NodeName:        p.NodeName,
+		Families:        []model.IPFamily{model.IPv4},
+		ClusterCIDRs:    []netip.Prefix{testnet.PodNetworkIPv4},
+		MinSyncInterval: p.MinSync,
+		Logger:          log,
+	}})
+	if err != nil {
+		return err
+	}
+	defer pr.Close()
+	out := &eventLog{w: bufio.NewWriter(os.Stdout)}
+	rec := &recorder{Proxier: pr, out: out}
+
+	errs := make(chan error, 2)
+	go func() { errs <- pr.Run(ctx) }()
+	go func() { errs <- informer.Run(ctx, client, rec, informer.Config{NodeName: p.NodeName}) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recorder is a Proxier that writes the time of every Service and
+// EndpointSlice update to out before handing it on.
+type recorder struct {
+	proxier.Proxier
+	out *eventLog
+}
+
+func (r *recorder) OnServiceUpdate(old, svc *v1.Service) {
+	r.out.event("svc", svc.Namespace, svc.Name)
+	r.Proxier.OnServiceUpdate(old, svc)
+}
+
+func (r *recorder) OnEndpointSliceUpdate(old, s *discoveryv1.EndpointSlice) {
+	r.out.event("slice", s.Namespace, s.Name)
+	r.Proxier.OnEndpointSliceUpdate(old, s)
+}
+
+// eventLog writes event lines; safe for concurrent use.
+type eventLog struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (l *eventLog) event(kind, ns, name string) {
+	now := time.Now().UnixNano()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "E %s %s/%s %d\n", kind, ns, name, now)
+	l.w.Flush()
+}

@@ -1,0 +1,52 @@
+// Package fleet holds TestFleet: many nodes on one API server, issue #22's
+// stand-in for a large cluster.
+//
+// One kube-apiserver and etcd run on loopback (internal/testcluster). Each
+// of N nodes is an internal/testnet topology of its own (its node1
+// namespace, one pod behind it and one behind node2; every topology has
+// the same private and documentation addresses, in namespaces of its own,
+// not linked to each other) and a proxier process: the test binary
+// re-executed in a child role, running the nftables backend on that node
+// namespace, fed by proxier/informer with the daemon's client defaults
+// (protobuf, QPS 5, burst 10) and the ServiceAccount of examples/proxy's
+// manifest, as a DaemonSet pod does. Separate processes make each
+// proxier's resident memory its own.
+//
+// The test creates S ClusterIP Services with one EndpointSlice each (one
+// endpoint, on node1-pod1 or node2-pod1), starts every proxier at once and
+// waits until each answers a sample of them. Then it writes R times per
+// second for a while: every fifth write moves a Service's port (80 <-> 81),
+// the others move an EndpointSlice's endpoint to the other pod. Every
+// write is probed on every node: a TCP connection from the node namespace
+// to the service's cluster IP and port, which counts once the write's pod
+// answers. A node's pending writes are probed whenever the kernel
+// announces a new nf_tables generation in its namespace (a committed
+// transaction, seen on the NFNLGRP_NFTABLES multicast group) and every
+// 250 ms besides. The network programming latency of a (write, node) pair
+// is the time from just before the API request to that answer. Each
+// proxier also writes the time it received every update, which splits off
+// the API server's watch delivery.
+//
+// The test logs, on lines starting with FLEET: the programming latency over
+// all (write, node) pairs, and of the fastest and slowest node per write;
+// the watch delivery; the time of each proxier's first sync; the
+// kube-apiserver's and etcd's CPU time over the churn (utime + stime from
+// /proc/PID/stat); the API server's watch count (apiserver_registered_watchers
+// and apiserver_longrunning_requests{verb="WATCH"}) and the watch events it
+// sent; each proxier's CPU time; and each proxier's VmRSS (median of
+// samples every 5 s over the churn) and VmHWM. It fails if a write is not
+// programmed on every node within 30 s, if an API write fails or if a
+// proxier exits.
+//
+// It is an opt-in measurement, not part of `go test ./...` or CI: it runs N
+// processes and takes minutes, so it skips unless PROXYKIT_FLEET_NODES is
+// set. PROXYKIT_FLEET_SERVICES (default 1000), PROXYKIT_FLEET_RATE (writes
+// per second, default 10), PROXYKIT_FLEET_CHURN (default 2m) and
+// PROXYKIT_FLEET_MIN_SYNC (the proxiers' minimum sync interval, default
+// 1s as kube-proxy's) change the other sizes. It needs root and the
+// control plane binaries of hack/testcluster/build.sh. The figures of
+// BENCHMARKS.md came from, as root:
+//
+//	PROXYKIT_FLEET_NODES=10 go test ./e2e/fleet/ -run TestFleet -count=1 -v -timeout 30m
+//	PROXYKIT_FLEET_NODES=50 go test ./e2e/fleet/ -run TestFleet -count=1 -v -timeout 30m
+package fleet

@@ -1,0 +1,510 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/proxykit/proxykit/internal/testcluster"
+	"github.com/proxykit/proxykit/internal/testnet"
+)
+
+// The environment of TestFleet.
+const (
+	// EnvNodes is the number of nodes; unset, TestFleet skips.
+	EnvNodes = "PROXYKIT_FLEET_NODES"
+	// EnvServices is the number of Services, each with one
+	// EndpointSlice; default 1000.
+	EnvServices = "PROXYKIT_FLEET_SERVICES"
+	// EnvChurn is how long the writes go on, a Go duration; default 2m.
+	EnvChurn = "PROXYKIT_FLEET_CHURN"
+	// EnvRate is the number of writes per second; default 10.
+	EnvRate = "PROXYKIT_FLEET_RATE"
+	// EnvMinSync is every proxier's minimum interval between syncs, a Go
+	// duration; default 1s (kube-proxy's and examples/proxy's default
+	// minSyncPeriod).
+	EnvMinSync = "PROXYKIT_FLEET_MIN_SYNC"
+)
+
+// Fixed parameters.
+const (
+	fleetNS = "fleet" // the Kubernetes namespace of the Services
+	// manifest holds the RBAC the proxiers run with.
+	manifest = "../../examples/proxy/deploy/daemonset.yaml"
+	portName = "http"
+	// servicePorts are the two ports a Service write moves between.
+	servicePortA, servicePortB = 80, 81
+	// writers create the initial objects concurrently.
+	writers = 16
+	// syncLimit bounds the wait for every proxier's first sync.
+	syncLimit = 10 * time.Minute
+	// sampleEvery is the interval of the resident memory samples.
+	sampleEvery = 5 * time.Second
+)
+
+// svcState is what the test last wrote for one Service.
+type svcState struct {
+	mu    sync.Mutex // guards svc and slice, replaced by a write's goroutine
+	svc   *v1.Service
+	slice *discoveryv1.EndpointSlice
+	ip    netip.Addr
+	pod   int // index into pods: the endpoint's pod
+}
+
+// endpoint is a pod an EndpointSlice can point at: node1-pod1 or
+// node2-pod1, at the same addresses in every node's topology.
+type endpoint struct {
+	name string
+	ip   netip.Addr
+}
+
+// TestFleet runs N proxier processes, each programming its own node
+// namespace from one kube-apiserver, while Services and EndpointSlices
+// churn, and reports network programming latency over all nodes, the API
+// server's CPU time and watch count, and each proxier's resident memory
+// (issue #22's "50 nodes on one API server"). See the package comment;
+// it skips unless PROXYKIT_FLEET_NODES is set.
+func TestFleet(t *testing.T) {
+	p := params(t)
+	testcluster.RequireBinaries(t)
+	testnet.RequireRoot(t)
+	t.Logf("FLEET loadavg at start: %s", loadavg())
+	t.Cleanup(func() { t.Logf("FLEET loadavg at end: %s", loadavg()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	// Node namespaces first: every topology has the same pod addresses.
+	began := time.Now()
+	nodes := make([]*node, p.nodes)
+	for i := range nodes {
+		nodes[i] = &node{i: i, name: fmt.Sprintf("fleet-%03d", i), kick: make(chan struct{}, 1), awaiting: map[string]*write{},
+			tp: testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})}
+	}
+	pods := []endpoint{
+		{nodes[0].tp.Node1.Pods[0].Name, nodes[0].tp.Node1.Pods[0].IPv4},
+		{nodes[0].tp.Node2.Pods[0].Name, nodes[0].tp.Node2.Pods[0].IPv4},
+	}
+	t.Logf("FLEET %d node topologies (%d namespaces each) built in %v", p.nodes, len(nodes[0].tp.Namespaces()), time.Since(began).Round(time.Millisecond))
+
+	cluster := testcluster.Start(t, testcluster.Options{})
+	cs := adminClient(t, cluster)
+	applied, err := testcluster.ApplyRBAC(ctx, cs, manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sa []string
+	for _, a := range applied {
+		if s, ok := strings.CutPrefix(a, "ServiceAccount "); ok {
+			sa = strings.Split(s, "/")
+		}
+	}
+	if len(sa) != 2 {
+		t.Fatalf("%s: no ServiceAccount among %q", manifest, applied)
+	}
+	kubeconfig := cluster.ServiceAccountKubeconfig(t, sa[0], sa[1])
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fleetNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		node := &v1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{v1.LabelHostname: n.name, v1.LabelOSStable: "linux"}},
+			Status:     v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.tp.Node1.IPv4.String()}}},
+		}
+		if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	began = time.Now()
+	state := createServices(t, ctx, cs, p.services, pods, nodes)
+	t.Logf("FLEET wrote %d Services and %d EndpointSlices in %v", p.services, p.services, time.Since(began).Round(time.Millisecond))
+
+	// The proxiers, all at once, as after a cluster-wide restart.
+	idle := apiMetrics(t, ctx, cs)
+	began = time.Now()
+	for _, n := range nodes {
+		n.start(t, childParams{Kubeconfig: kubeconfig, NodeName: n.name, NetNS: n.tp.Node1.Path(), MinSync: p.minSync})
+	}
+	var loops sync.WaitGroup
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	monErrs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		loops.Add(2)
+		go func() { defer loops.Done(); monErrs <- n.watchGenerations(loopCtx) }()
+		go func() { defer loops.Done(); n.probeLoop(loopCtx) }()
+	}
+	// Before the topologies' teardown (registered earlier, run later),
+	// which fails on a socket left in a namespace.
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			stopLoops()
+			loops.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	firstSync := waitProgrammed(t, nodes, state, pods, began)
+	t.Logf("FLEET every proxier programmed the %d Services in %v (per node: median %v, max %v)", p.services,
+		time.Since(began).Round(time.Millisecond), pct(firstSync, 50).Round(time.Millisecond), pct(firstSync, 100).Round(time.Millisecond))
+
+	// Churn.
+	api, etcd := cluster.APIServerPID(), cluster.EtcdPID()
+	mem := &memSampler{nodes: nodes}
+	beforeMetrics := apiMetrics(t, ctx, cs)
+	before := cpuTimes(nodes, api, etcd)
+	mem.sample()
+	stopMem := mem.run(sampleEvery)
+	churnStart := time.Now()
+	writes := churn(t, ctx, cs, p, state, pods, nodes)
+	churnTime := time.Since(churnStart)
+	during := apiMetrics(t, ctx, cs)
+	after := cpuTimes(nodes, api, etcd)
+	stopMem()
+	mem.sample()
+
+	// Let the last writes arrive everywhere.
+	drain := time.Now().Add(observeLimit + 2*pollInterval)
+	for time.Now().Before(drain) {
+		left := 0
+		for _, n := range nodes {
+			left += n.unprogrammed()
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stop()
+	for range nodes {
+		if err := <-monErrs; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, n := range nodes {
+		if n.exited() {
+			t.Errorf("proxier of %s exited: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
+		}
+	}
+	r := summarize(writes, nodes)
+	r.nodes, r.services, r.rate, r.minSync = p.nodes, p.services, p.rate, p.minSync
+	r.churn, r.firstSync = churnTime, firstSync
+	r.apiCPU, r.etcdCPU = after.api-before.api, after.etcd-before.etcd
+	r.proxierCPU = make([]time.Duration, len(nodes))
+	for i := range nodes {
+		r.proxierCPU[i] = after.nodes[i] - before.nodes[i]
+	}
+	r.idle, r.before, r.during = idle, beforeMetrics, during
+	r.rss, r.hwm = mem.final()
+	r.apiRSS, r.apiHWM = usage(api)
+	r.log(t)
+	for _, w := range writes {
+		if w.err != nil {
+			t.Errorf("write %d (%s %s): %v", w.id, w.kind, w.key, w.err)
+		}
+	}
+	if r.lost > 0 {
+		t.Errorf("%d of %d (write, node) pairs were not programmed within %v", r.lost, len(writes)*len(nodes), observeLimit)
+	}
+}
+
+// fleetParams are TestFleet's sizes.
+type fleetParams struct {
+	nodes, services, rate int
+	churn, minSync        time.Duration
+}
+
+// params reads the sizes from the environment, or skips the test.
+func params(t *testing.T) fleetParams {
+	t.Helper()
+	v := os.Getenv(EnvNodes)
+	if v == "" {
+		t.Skipf("opt-in measurement (N proxier processes, minutes): set %s=N, e.g. sudo %s=50 go test ./e2e/fleet/ -run TestFleet -v -timeout 30m", EnvNodes, EnvNodes)
+	}
+	p := fleetParams{services: 1000, rate: 10, churn: 2 * time.Minute, minSync: time.Second}
+	var err error
+	if p.nodes, err = strconv.Atoi(v); err != nil || p.nodes < 1 || p.nodes > 200 {
+		t.Fatalf("%s=%q: want a number of nodes from 1 to 200", EnvNodes, v)
+	}
+	for _, e := range []struct {
+		name string
+		to   *int
+	}{{EnvServices, &p.services}, {EnvRate, &p.rate}} {
+		if v := os.Getenv(e.name); v != "" {
+			if *e.to, err = strconv.Atoi(v); err != nil || *e.to < 1 {
+				t.Fatalf("%s=%q: want a positive number", e.name, v)
+			}
+		}
+	}
+	for _, e := range []struct {
+		name string
+		to   *time.Duration
+	}{{EnvChurn, &p.churn}, {EnvMinSync, &p.minSync}} {
+		if v := os.Getenv(e.name); v != "" {
+			if *e.to, err = time.ParseDuration(v); err != nil || *e.to <= 0 {
+				t.Fatalf("%s=%q: want a positive Go duration", e.name, v)
+			}
+		}
+	}
+	// A Service is written again only after every node had its chance
+	// to show the previous write.
+	if p.services < p.rate*int(observeLimit/time.Second) {
+		t.Fatalf("%d Services at %d writes/s would write a Service again within %v: want at least %d", p.services, p.rate, observeLimit, p.rate*int(observeLimit/time.Second))
+	}
+	if p.services > 30000 {
+		t.Fatalf("%s=%d: at most 30000 (the service CIDR)", EnvServices, p.services)
+	}
+	return p
+}
+
+// adminClient returns an admin clientset without a client-side rate
+// limit, speaking protobuf.
+func adminClient(t *testing.T, c *testcluster.Cluster) kubernetes.Interface {
+	t.Helper()
+	cfg := c.RESTConfig()
+	cfg.QPS, cfg.Burst = -1, 1000
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// createServices creates n ClusterIP Services with one EndpointSlice
+// each, of one endpoint alternating between the two pods, with writers
+// concurrent writers.
+func createServices(t *testing.T, ctx context.Context, cs kubernetes.Interface, n int, pods []endpoint, nodes []*node) []*svcState {
+	t.Helper()
+	state := make([]*svcState, n)
+	next := make(chan int)
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				st, err := createService(ctx, cs, i, pods, nodes[i%len(nodes)].name)
+				if err != nil {
+					errs <- err
+					for range next {
+					}
+					return
+				}
+				state[i] = st
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return state
+}
+
+func createService(ctx context.Context, cs kubernetes.Interface, i int, pods []endpoint, nodeName string) (*svcState, error) {
+	name := fmt.Sprintf("svc-%05d", i)
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: fleetNS, Name: name, Labels: map[string]string{"app.kubernetes.io/name": name}},
+		Spec: v1.ServiceSpec{
+			Type:     v1.ServiceTypeClusterIP,
+			Selector: map[string]string{"app.kubernetes.io/name": name},
+			Ports: []v1.ServicePort{{Name: portName, Protocol: v1.ProtocolTCP, Port: servicePortA,
+				TargetPort: intstr.FromInt32(int32(testnet.ServerPorts[0]))}},
+		},
+	}
+	got, err := cs.CoreV1().Services(fleetNS).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create Service %s: %w", name, err)
+	}
+	ip, err := netip.ParseAddr(got.Spec.ClusterIP)
+	if err != nil {
+		return nil, fmt.Errorf("Service %s: cluster IP %q: %w", name, got.Spec.ClusterIP, err)
+	}
+	st := &svcState{svc: got, ip: ip, pod: i % len(pods)}
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: fleetNS, Name: name + "-1", Labels: map[string]string{
+			discoveryv1.LabelServiceName: name,
+			discoveryv1.LabelManagedBy:   "endpointslice-controller.k8s.io",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(int32(testnet.ServerPorts[0])), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	setEndpoint(sl, pods[st.pod], nodeName)
+	if st.slice, err = cs.DiscoveryV1().EndpointSlices(fleetNS).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create EndpointSlice of %s: %w", name, err)
+	}
+	return st, nil
+}
+
+// setEndpoint makes pod the slice's one endpoint.
+func setEndpoint(sl *discoveryv1.EndpointSlice, pod endpoint, nodeName string) {
+	sl.Endpoints = []discoveryv1.Endpoint{{
+		Addresses:  []string{pod.ip.String()},
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+		NodeName:   ptr.To(nodeName),
+	}}
+}
+
+// waitProgrammed waits until every node answers a sample of the Services
+// (every len/20th and the last) from their pods, and returns the time
+// from began until each did.
+func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpoint, began time.Time) []time.Duration {
+	t.Helper()
+	var sample []*svcState
+	step := max(1, len(state)/20)
+	for i := 0; i < len(state); i += step {
+		sample = append(sample, state[i])
+	}
+	sample = append(sample, state[len(state)-1])
+	out := make([]time.Duration, len(nodes))
+	deadline := time.Now().Add(syncLimit)
+	for {
+		pending := 0
+		for i, n := range nodes {
+			if out[i] > 0 {
+				continue
+			}
+			if n.exited() {
+				t.Fatalf("proxier of %s exited before it synced: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
+			}
+			ok := true
+			for _, st := range sample {
+				r := n.tp.Node1.TCP(netip.AddrPortFrom(st.ip, servicePortA), probeTimeout)
+				if r.Outcome != testnet.Answered || r.Server != pods[st.pod].name {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				out[i] = time.Since(began)
+			} else {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d proxiers did not program the Services within %v", pending, len(nodes), syncLimit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// churn writes p.rate times per second for p.churn: every fifth write
+// moves a Service's port (80 <-> 81), the others move an EndpointSlice's
+// endpoint to the other pod. The Services are taken in a random order,
+// round robin. Each write is sent on its own goroutine at its tick and
+// registered with every node before it is sent.
+func churn(t *testing.T, ctx context.Context, cs kubernetes.Interface, p fleetParams, state []*svcState, pods []endpoint, nodes []*node) []*write {
+	t.Helper()
+	order := rand.New(rand.NewPCG(22, 50)).Perm(len(state))
+	tick := time.NewTicker(time.Second / time.Duration(p.rate))
+	defer tick.Stop()
+	var (
+		writes []*write
+		wg     sync.WaitGroup
+	)
+	end := time.Now().Add(p.churn)
+	for i := 0; time.Now().Before(end); i++ {
+		<-tick.C
+		st := state[order[i%len(order)]]
+		w := &write{id: i, delivered: make([]time.Duration, len(nodes)), programmed: make([]time.Duration, len(nodes))}
+		var send func() error
+		st.mu.Lock()
+		svc, sl := st.svc.DeepCopy(), st.slice.DeepCopy()
+		st.mu.Unlock()
+		if i%5 == 4 {
+			port := int32(servicePortA)
+			if svc.Spec.Ports[0].Port == servicePortA {
+				port = servicePortB
+			}
+			svc.Spec.Ports[0].Port = port
+			w.kind, w.key = "svc", fleetNS+"/"+svc.Name
+			w.dst, w.pod = netip.AddrPortFrom(st.ip, uint16(port)), pods[st.pod].name
+			send = func() error {
+				got, err := cs.CoreV1().Services(fleetNS).Update(ctx, svc, metav1.UpdateOptions{})
+				if err == nil {
+					st.mu.Lock()
+					st.svc = got
+					st.mu.Unlock()
+				}
+				return err
+			}
+		} else {
+			st.pod = 1 - st.pod
+			setEndpoint(sl, pods[st.pod], *sl.Endpoints[0].NodeName)
+			w.kind, w.key = "slice", fleetNS+"/"+sl.Name
+			w.dst, w.pod = netip.AddrPortFrom(st.ip, uint16(svc.Spec.Ports[0].Port)), pods[st.pod].name
+			send = func() error {
+				got, err := cs.DiscoveryV1().EndpointSlices(fleetNS).Update(ctx, sl, metav1.UpdateOptions{})
+				if err == nil {
+					st.mu.Lock()
+					st.slice = got
+					st.mu.Unlock()
+				}
+				return err
+			}
+		}
+		w.t0 = time.Now()
+		for _, n := range nodes {
+			n.expect(w)
+		}
+		writes = append(writes, w)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.err = send()
+			w.api = time.Since(w.t0)
+		}()
+	}
+	wg.Wait()
+	return writes
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// pct returns the p-th percentile (nearest rank) of ds; 0 if empty.
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	k := int(p/100*float64(len(s))+0.999999) - 1
+	return s[min(max(k, 0), len(s)-1)]
+}

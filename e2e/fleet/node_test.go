@@ -1,0 +1,258 @@
+package fleet
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/proxykit/proxykit/internal/testnet"
+)
+
+// Probe timing.
+const (
+	// probeTimeout bounds one TCP probe. A port the proxier has not
+	// programmed yet is rejected at once (its cluster IP is in a
+	// ServiceCIDR); the timeout covers a drop.
+	probeTimeout = 200 * time.Millisecond
+	// pollInterval is how often a node's pending writes are probed when
+	// no nf_tables generation was announced meanwhile.
+	pollInterval = 250 * time.Millisecond
+	// observeLimit is how long a write may take to reach a node's
+	// dataplane before it counts as lost.
+	observeLimit = 30 * time.Second
+)
+
+// write is one churn write: a Service (its port moved) or an
+// EndpointSlice (its endpoint moved to the other pod).
+type write struct {
+	id   int
+	kind string // "svc" or "slice", as in the child's event lines
+	key  string // namespace/name of the object written
+	// dst is the service's cluster IP and port after the write, and pod
+	// the pod that must answer there.
+	dst netip.AddrPort
+	pod string
+	t0  time.Time // before the request was sent
+	// api is how long the API request took; err its failure.
+	api time.Duration
+	err error
+	// delivered and programmed are, per node, the time from t0 until the
+	// node's proxier received the update, and until a probe through the
+	// node's dataplane was answered by pod (zero: not seen).
+	delivered, programmed []time.Duration
+}
+
+// node is one node namespace with its proxier process.
+type node struct {
+	i    int
+	name string // the Node object's and the proxier's node name
+	tp   *testnet.Topology
+
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{} // closed when the process has exited
+	exitErr error
+
+	kick chan struct{} // a new nf_tables generation in the namespace
+
+	mu       sync.Mutex
+	pending  []*write          // not yet programmed here
+	awaiting map[string]*write // kind+" "+key -> write whose update event is due
+	lost     []*write          // not programmed within observeLimit
+}
+
+// start runs the node's proxier process: the test binary in the child
+// role. Its event lines are read until it exits; its logs go to a file.
+func (n *node) start(t *testing.T, p childParams) {
+	t.Helper()
+	params, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.logPath = filepath.Join(t.TempDir(), n.name+".log")
+	logf, err := os.Create(n.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	n.cmd.Env = append(os.Environ(), envChild+"="+string(params))
+	n.cmd.Stderr = logf
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := n.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.done = make(chan struct{})
+	go func() {
+		n.readEvents(stdout)
+		n.exitErr = n.cmd.Wait()
+		logf.Close()
+		close(n.done)
+	}()
+	t.Cleanup(func() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.done:
+		case <-time.After(10 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+	})
+}
+
+// exited reports whether the proxier process has exited.
+func (n *node) exited() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// readEvents records, for each update line of the child, the delivery
+// of the write it answers.
+func (n *node) readEvents(r io.Reader) {
+	s := bufio.NewScanner(r)
+	for s.Scan() {
+		f := strings.Fields(s.Text())
+		if len(f) != 4 || f[0] != "E" {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			continue
+		}
+		at := time.Unix(0, ns)
+		n.mu.Lock()
+		if w := n.awaiting[f[1]+" "+f[2]]; w != nil && at.After(w.t0) {
+			w.delivered[n.i] = at.Sub(w.t0)
+			delete(n.awaiting, f[1]+" "+f[2])
+		}
+		n.mu.Unlock()
+	}
+}
+
+// expect registers w as due on this node.
+func (n *node) expect(w *write) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.pending = append(n.pending, w)
+	n.awaiting[w.kind+" "+w.key] = w
+}
+
+// unprogrammed returns how many writes are pending here.
+func (n *node) unprogrammed() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.pending)
+}
+
+// watchGenerations sends on n.kick whenever the kernel announces a new
+// nf_tables generation (a committed transaction) in the node namespace,
+// until ctx ends: the moment to probe again. It listens on the
+// NFNLGRP_NFTABLES multicast group, which carries every object of every
+// transaction; it decodes nothing but the message types, and a socket
+// buffer overrun (ENOBUFS on a full resync) counts as a generation too.
+func (n *node) watchGenerations(ctx context.Context) error {
+	f, err := os.Open(n.tp.Node1.Path())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{
+		NetNS:  int(f.Fd()),
+		Groups: 1 << (unix.NFNLGRP_NFTABLES - 1),
+	})
+	if err != nil {
+		return fmt.Errorf("nf_tables monitor in %s: %w", n.tp.Node1, err)
+	}
+	_ = c.SetReadBuffer(4 << 20)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	newgen := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWGEN)
+	for {
+		msgs, err := c.Receive()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil && !errors.Is(err, unix.ENOBUFS) {
+			c.Close()
+			return fmt.Errorf("nf_tables monitor in %s: %w", n.tp.Node1, err)
+		}
+		gen := err != nil
+		for _, m := range msgs {
+			gen = gen || m.Header.Type == newgen
+		}
+		if gen {
+			select {
+			case n.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// probeLoop probes the node's pending writes after every new generation
+// and every pollInterval, until ctx ends. A write is programmed on this
+// node when a TCP connection from the node to its cluster IP and port is
+// answered by its pod; one not programmed within observeLimit is lost.
+func (n *node) probeLoop(ctx context.Context) {
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.kick:
+		case <-tick.C:
+		}
+		n.mu.Lock()
+		due := append([]*write(nil), n.pending...)
+		n.mu.Unlock()
+		if len(due) == 0 {
+			continue
+		}
+		done := map[*write]bool{}
+		for _, w := range due {
+			r := n.tp.Node1.TCP(w.dst, probeTimeout)
+			if r.Outcome == testnet.Answered && r.Server == w.pod {
+				w.programmed[n.i] = time.Since(w.t0)
+				done[w] = true
+			} else if time.Since(w.t0) > observeLimit {
+				done[w] = true
+				n.mu.Lock()
+				n.lost = append(n.lost, w)
+				n.mu.Unlock()
+			}
+		}
+		n.mu.Lock()
+		kept := n.pending[:0]
+		for _, w := range n.pending {
+			if !done[w] {
+				kept = append(kept, w)
+			}
+		}
+		n.pending = kept
+		n.mu.Unlock()
+	}
+}
