@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,6 +87,11 @@ type proxierParams struct {
 	IPTMode   string
 	// EBPF sets fields of ebpf.Config by name (data-path mode).
 	EBPF map[string]string `json:",omitempty"`
+	// Profile, when set, is the path prefix of pprof profiles: CPU of
+	// the first sync (-sync.cpu.pprof) and of the endpoint changes
+	// (-changes.cpu.pprof), heap after the changes (-heap.pprof, after
+	// the resident set is read).
+	Profile string `json:",omitempty"`
 }
 
 // childResult is a child's output line.
@@ -205,6 +211,10 @@ func proxierChild(in *bufio.Reader) error {
 	pr.OnEndpointSlicesSynced()
 	res.FeedSeconds = time.Since(start).Seconds()
 
+	stop, err := startCPUProfile(p.Profile, "-sync.cpu.pprof")
+	if err != nil {
+		return err
+	}
 	start = time.Now()
 	done := make(chan error, 1)
 	go func() { done <- pr.Run(ctx) }()
@@ -212,6 +222,12 @@ func proxierChild(in *bufio.Reader) error {
 		return fmt.Errorf("first sync: %w", err)
 	}
 	res.SyncSeconds = time.Since(start).Seconds()
+	if err := stop(); err != nil {
+		return err
+	}
+	if stop, err = startCPUProfile(p.Profile, "-changes.cpu.pprof"); err != nil {
+		return err
+	}
 
 	changesEnd := time.Now().Add(time.Duration(p.ChangesMS) * time.Millisecond)
 	for k := range p.Changes {
@@ -233,6 +249,12 @@ func proxierChild(in *bufio.Reader) error {
 		svcs[idx], slices[first] = upd, sl
 	}
 	res.HWMKB, res.RSSKB = procStatusKB("VmHWM"), procStatusKB("VmRSS")
+	if err := stop(); err != nil {
+		return err
+	}
+	if err := writeHeapProfile(p.Profile, "-heap.pprof"); err != nil {
+		return err
+	}
 	if err := out.Encode(res); err != nil {
 		return err
 	}
@@ -247,6 +269,44 @@ func proxierChild(in *bufio.Reader) error {
 		return fmt.Errorf("close: %w", err)
 	}
 	return out.Encode(childResult{})
+}
+
+// startCPUProfile starts a CPU profile into prefix+suffix and returns
+// what stops it; with no prefix it does nothing.
+func startCPUProfile(prefix, suffix string) (stop func() error, err error) {
+	if prefix == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(prefix + suffix)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
+// writeHeapProfile writes the live heap, after a collection, into
+// prefix+suffix; with no prefix it does nothing.
+func writeHeapProfile(prefix, suffix string) error {
+	if prefix == "" {
+		return nil
+	}
+	f, err := os.Create(prefix + suffix)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // procStatusKB returns a field of /proc/self/status in kB.

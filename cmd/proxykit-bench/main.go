@@ -43,6 +43,7 @@ func main() {
 	flag.BoolVar(&smoke, "smoke", false, "smoke run: 100x10 only, few changes and connections, report in a temporary directory unless --out/--plots are given")
 	flag.BoolVar(&large, "large", false, "large run (issue #22): "+formatSizes(largeOptions().Sizes)+" with --max-services=100000, --time-limit=1h, --case-limit=5m; report in a temporary directory unless --out/--plots are given")
 	flag.BoolVar(&o.Verbose, "v", false, "pass the children's logs through")
+	flag.StringVar(&o.ProfileDir, "profile", "", "write pprof profiles of every proxykit backend case into this directory: CPU of the first sync and of the endpoint changes, heap after them")
 	flag.BoolVar(&o.Datapath, "datapath", false, "data-path mode: TCP_CRR and UDP packets/s from a client through node1's node port to an endpoint on node2, for --paths at --sizes (default "+formatSizes(datapathSizes)+")")
 	flag.StringVar(&paths, "paths", strings.Join(o.Paths, ","), "data paths to measure with --datapath: "+strings.Join(dpPathNames(), ", "))
 	flag.DurationVar(&o.DPRun, "run", o.DPRun, "with --datapath: timed window of each TCP_CRR and UDP run")

@@ -84,6 +84,9 @@ type Options struct {
 	// Command is the command line shown in the report.
 	Command string
 	Verbose bool
+	// ProfileDir, when set, receives pprof profiles of the proxier
+	// children (see proxierParams.Profile).
+	ProfileDir string
 	// Log receives progress lines.
 	Log io.Writer
 

@@ -121,6 +121,11 @@ func run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.ProfileDir != "" {
+		if err := os.MkdirAll(o.ProfileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	r := &runner{o: o, exe: exe, start: time.Now()}
 	r.deadline = r.start.Add(o.TimeLimit)
 	r.iptFlavour = hostIPTablesFlavour()
@@ -484,6 +489,9 @@ func (r *runner) backendCase(ctx context.Context, c *Case) {
 		Size:      c.Size,
 		Changes:   r.o.Changes,
 		ChangesMS: r.o.ChangesTime.Milliseconds(),
+	}
+	if r.o.ProfileDir != "" {
+		p.Profile = filepath.Join(r.o.ProfileDir, c.Name+"-"+c.Size.String())
 	}
 	if p.Target, err = targetEndpoints(cctx, t, c.Size); err != nil {
 		c.Status, c.Reason = "error", oneLine(err.Error())
