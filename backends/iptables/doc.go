@@ -31,7 +31,10 @@
 // A complete rewrite (the first sync of a process, any sync after a
 // failure, and a full request once per [Config.RewriteInterval]) writes
 // every chain of ours in one restore run and deletes those no longer
-// needed, whatever an earlier process left. A partial sync rewrites only
+// needed, whatever an earlier process left; the first sync of a process
+// instead adopts our chains, writing nothing, when a fingerprint rule the
+// last rewrite left says they hold what it would write (README.md says
+// what is trusted). A partial sync rewrites only
 // the chains of the changed service ports and adds or deletes their rules
 // in the shared dispatch chains, computed from state kept in memory: its
 // input grows with the change, not with the number of services. A full

@@ -33,6 +33,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	// check them first elsewhere.
 	var have [numTables]map[string]bool
 	jumps := [numTables]jumpMode{jumpsCheck, jumpsCheck}
+	saved := "" // the fingerprint our nat chains hold, as *-save lists it
 	for t := range numTables {
 		var chains []string
 		if prev != nil {
@@ -40,11 +41,15 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		} else {
 			var err error
 			var targets bool
-			if chains, targets, err = b.kernelChains(ctx, t); err != nil {
+			var fp string
+			if chains, targets, fp, err = b.kernelChains(ctx, t); err != nil {
 				return fmt.Errorf("iptables: full sync: %w", err)
 			}
 			if !targets {
 				jumps[t] = jumpsInsert
+			}
+			if t == tNAT {
+				saved = fp
 			}
 		}
 		have[t] = setOf(chains)
@@ -65,6 +70,14 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			if rd[t] != nil {
 				want[t][name] = rd[t]
 			}
+		}
+	}
+	if prev == nil && saved != "" && len(errs) == 0 && jumps == [numTables]jumpMode{jumpsCheck, jumpsCheck} {
+		if ok, err := b.adopt(ctx, want, have, saved); err != nil {
+			return fmt.Errorf("iptables: full sync: %w", err)
+		} else if ok {
+			b.log.Info("full sync", "services", len(req.State.Services), "mode", "adopt", "duration", time.Since(start))
+			return nil
 		}
 	}
 	b.st = nil
@@ -92,6 +105,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			b.last.rules = countRules(data)
 			st := newState()
 			st.svcs = want
+			st.fingerprint = secs[len(secs)-1].fingerprint
 			b.st = st
 			b.lastRewrite = time.Now()
 			break
@@ -330,10 +344,10 @@ func staleChains(have map[string]bool, want map[model.ServicePortName]*tableRule
 // iptables-save lists them (what an earlier process left), and whether
 // the table holds every chain of ours that a built-in chain jumps to (so
 // that the jumps may exist).
-func (b *backend) kernelChains(ctx context.Context, t table) ([]string, bool, error) {
+func (b *backend) kernelChains(ctx context.Context, t table) (chains []string, targets bool, fingerprint string, err error) {
 	out, err := b.run.Save(ctx, t.String())
 	if err != nil {
-		return nil, false, err
+		return nil, false, "", err
 	}
 	fixed := map[string]bool{}
 	for _, x := range []table{tNAT, tFilter} {
@@ -342,11 +356,11 @@ func (b *backend) kernelChains(ctx context.Context, t table) ([]string, bool, er
 			fixed[c.name] = true
 		}
 	}
-	var chains []string
-	targets := map[string]bool{}
+	fixed[b.r.n.fixed(chFingerprint)] = true
+	want := map[string]bool{}
 	for _, j := range b.r.jumps() {
 		if j.table == t {
-			targets[j.rule[len(j.rule)-1]] = true
+			want[j.rule[len(j.rule)-1]] = true
 		}
 	}
 	found := 0
@@ -354,18 +368,71 @@ func (b *backend) kernelChains(ctx context.Context, t table) ([]string, bool, er
 	s.Buffer(nil, 1<<20)
 	for s.Scan() {
 		l := s.Bytes()
+		if t == tNAT && len(l) > 3 && l[0] == '-' && l[1] == 'A' && fingerprint == "" {
+			if fp, ok := b.savedFingerprint(string(l)); ok {
+				fingerprint = fp
+			}
+		}
 		if len(l) < 2 || l[0] != ':' {
 			continue
 		}
 		name, _, _ := strings.Cut(string(l[1:]), " ")
-		if targets[name] {
+		if want[name] {
 			found++
 		}
 		if b.r.n.owns(name) && !fixed[name] {
 			chains = append(chains, name)
 		}
 	}
-	return chains, found == len(targets), s.Err()
+	return chains, found == len(want), fingerprint, s.Err()
+}
+
+// adopt makes want, which the nat table's fingerprint rule says the
+// kernel holds, the state, when our per-service chains are those of want
+// (have) and the jumps from the built-in chains are in place. It reports
+// whether it did; an error means the kernel could not be asked.
+func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePortName]*tableRules, have [numTables]map[string]bool, saved string) (bool, error) {
+	start := time.Now()
+	fp := b.fingerprint(want)
+	if fp != saved {
+		return false, nil
+	}
+	for t := range numTables {
+		chains := chainsOf(want[t])
+		if len(chains) != len(have[t]) {
+			return false, nil
+		}
+		for _, c := range chains {
+			if !have[t][c] {
+				return false, nil
+			}
+		}
+	}
+	// The jumps, checked in one run as a rewrite checks them first.
+	in := newInput(1024)
+	for t := range numTables {
+		in.begin(t)
+		for _, j := range b.r.jumps() {
+			if j.table == t {
+				in.line("-C ", j.chain, " ", restoreArgs(j.rule))
+			}
+		}
+		in.commit()
+	}
+	if err := b.restore(ctx, in.b); err != nil {
+		if _, ok := errors.AsType[*iptables.RestoreError](err); ok {
+			return false, nil // a jump is missing: rewrite
+		}
+		return false, err
+	}
+	st := newState()
+	st.svcs = want
+	st.fingerprint = fp
+	b.st = st
+	b.lastRewrite = time.Now()
+	b.last = inputStats{full: true, adopted: true, sections: 1, lines: in.lines, bytes: len(in.b)}
+	b.log.Debug("adopted our chains", "fingerprint", fp, "duration", time.Since(start))
+	return true, nil
 }
 
 // fullSections writes the restore input of a complete rewrite, as
@@ -482,6 +549,7 @@ func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableR
 		flush()
 	}
 	in := section()
+	in.fingerprint = b.fingerprint(want)
 	for t := range numTables {
 		fixed, tail := b.r.fixedChains(t)
 		if chunk > 0 {
@@ -505,6 +573,9 @@ func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableR
 			for _, r := range c.rules {
 				in.appendRule(c.name, r)
 			}
+		}
+		if t == tNAT {
+			b.writeFingerprint(in, in.fingerprint)
 		}
 		if chunk > 0 {
 			// iptables-nft inserts every jump target into a sorted

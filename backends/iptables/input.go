@@ -46,6 +46,11 @@ type input struct {
 	cur      table
 	// svcs are the service ports whose chains the input writes in full.
 	svcs []model.ServicePortName
+	// fingerprint is the fingerprint rule's comment the input writes
+	// (the last input of a complete rewrite), if any; unprints is set
+	// when the input flushes the fingerprint chain.
+	fingerprint string
+	unprints    bool
 }
 
 func newInput(sizeHint int) *input { return &input{b: make([]byte, 0, sizeHint)} }

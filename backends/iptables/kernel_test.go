@@ -598,3 +598,85 @@ func TestKernelSecondProxierRefused(t *testing.T) {
 	}
 	again.Close()
 }
+
+// TestKernelAdoptsMatchingChains: a new process whose first sync would
+// write what our chains hold (the fingerprint rule of the last rewrite
+// says so) adopts them: nothing is restored, every rule keeps its nft
+// handle. A partial sync flushes the fingerprint, so the next process
+// rewrites; so does one that wants something else, or finds a chain of
+// ours it would not write.
+func TestKernelAdoptsMatchingChains(t *testing.T) {
+	e := newKernelEnv(t)
+	node, p11, p21 := &e.tn.Node1.Host, e.pod(1, 1), e.pod(2, 1)
+	a := e.svc(model.IPv4, "a", "10.96.3.1", p11)
+	bsvc := e.svc(model.IPv4, "b", "10.96.3.2", p21)
+	cfg := Config{Mode: ModeNFT}
+	// handles lists the nat and filter tables with the handle of every
+	// rule, which a rewrite changes.
+	handles := func() string {
+		t.Helper()
+		var out string
+		for _, tb := range []string{"nat", "filter"} {
+			out += counters.ReplaceAllString(e.exec("nft", "-a", "list", "table", "ip", tb), "")
+		}
+		return out
+	}
+	fingerprinted := func() bool {
+		return strings.Contains(e.exec("iptables-nft-save", "-t", "nat"), "-A PROXYKIT-FINGERPRINT -m comment --comment")
+	}
+	first := func(svcs ...testSvc) *backend {
+		t.Helper()
+		b := e.backend(model.IPv4, cfg)
+		mustSync(t, b, request(model.IPv4, svcs, nil))
+		return b
+	}
+
+	b1 := first(a, bsvc)
+	if !fingerprinted() {
+		t.Fatalf("no fingerprint rule after a rewrite:\n%s", e.exec("iptables-nft-save", "-t", "nat"))
+	}
+	before := handles()
+	b1.Close()
+	b2 := first(a, bsvc)
+	if !b2.last.adopted {
+		t.Errorf("the second process rewrote chains that hold what it wants: %+v", b2.last)
+	}
+	if after := handles(); after != before {
+		t.Errorf("the adopted chains were rewritten:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if got := e.answers(node, "10.96.3.2:80"); got != p21.Name {
+		t.Fatalf("b after adopting: %s", got)
+	}
+	// A partial sync from the adopted state works, and flushes the
+	// fingerprint.
+	a2 := e.svc(model.IPv4, "a", "10.96.3.1", p21)
+	mustSync(t, b2, request(model.IPv4, []testSvc{a2, bsvc}, backendtest.Names(a2)))
+	if b2.last.full || fingerprinted() {
+		t.Fatalf("after a partial sync: %+v, fingerprint rule still there: %v", b2.last, fingerprinted())
+	}
+	if got := e.answers(node, "10.96.3.1:80"); got != p21.Name {
+		t.Fatalf("a after the partial sync: %s", got)
+	}
+	b2.Close()
+	if b3 := first(a2, bsvc); b3.last.adopted || !fingerprinted() {
+		t.Errorf("after a partial sync the next process adopted (%+v) or wrote no fingerprint", b3.last)
+	} else {
+		b3.Close()
+	}
+	// Another state, or a chain of ours it would not write: rewritten.
+	b4 := first(a2)
+	if b4.last.adopted {
+		t.Errorf("chains that hold another state were adopted")
+	}
+	if r := node.TCP(netip.MustParseAddrPort("10.96.3.2:80"), time.Second); r.Outcome == testnet.Answered {
+		t.Fatal("a service that is gone answers")
+	}
+	b4.Close()
+	e.exec("iptables-nft", "-w", "-t", "nat", "-N", "PROXYKIT-SVC-HANDMADE")
+	if b5 := first(a2); b5.last.adopted {
+		t.Errorf("chains beside a hand-made one of ours were adopted")
+	}
+	if strings.Contains(e.exec("iptables-nft-save", "-t", "nat"), "PROXYKIT-SVC-HANDMADE") {
+		t.Error("the hand-made chain survived the rewrite")
+	}
+}

@@ -65,6 +65,9 @@ func (m *ruleMetrics) observe(r *renderer, st *state, last *inputStats) {
 			n += len(c.rules)
 		}
 		n += len(tail)
+		if t == tNAT && st.fingerprint != "" {
+			n++ // the fingerprint rule
+		}
 		for _, tr := range st.svcs[t] {
 			n += len(tr.shared)
 			for _, c := range tr.chains {

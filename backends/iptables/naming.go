@@ -41,6 +41,8 @@ const (
 	chNodePorts = "NODEPORTS" // nat: node port dispatch; filter: node port rejects
 	chCanary    = "CANARY"    // holds one rule; its absence means we were flushed
 	// nat
+	chFingerprint = "FINGERPRINT" // one rule whose comment is the hash of what the last rewrite wrote (fingerprint.go)
+	// nat
 	chPostrouting = "POSTROUTING"  // masquerades marked packets
 	chMarkOutside = "MARK-OUTSIDE" // marks sources outside several cluster CIDRs
 	// filter

@@ -50,6 +50,9 @@ func (b *backend) syncPartial(ctx context.Context, req *proxier.SyncRequest, nam
 		err := b.restore(ctx, in.b)
 		if err == nil {
 			b.commit(want, numTables)
+			if in.unprints {
+				b.st.fingerprint = ""
+			}
 			b.last.rules = countRules(in.b)
 			break
 		}
@@ -61,6 +64,9 @@ func (b *backend) syncPartial(ctx context.Context, req *proxier.SyncRequest, nam
 		for t := range numTables {
 			if in.committedBefore(t, re.Line) {
 				b.commit(want, t+1)
+				if in.unprints && t == tNAT {
+					b.st.fingerprint = ""
+				}
 			}
 		}
 		sp, ok := in.lookup(re.Line)
@@ -116,21 +122,34 @@ func (b *backend) commit(want [numTables]map[model.ServicePortName]*tableRules, 
 func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableRules, always bool) *input {
 	in := newInput(4096)
 	canary := b.r.n.fixed(chCanary)
+	var names [numTables][]model.ServicePortName
+	var diffs [numTables][]tableDiff
+	var changed [numTables]bool
 	for t := range numTables {
-		names := slices.SortedFunc(maps.Keys(want[t]), model.ServicePortName.Compare)
-		diffs := make([]tableDiff, len(names))
-		changed := false
-		for i, n := range names {
-			diffs[i] = diffTable(b.st.svcs[t][n], want[t][n])
-			changed = changed || !diffs[i].empty()
+		names[t] = slices.SortedFunc(maps.Keys(want[t]), model.ServicePortName.Compare)
+		diffs[t] = make([]tableDiff, len(names[t]))
+		for i, n := range names[t] {
+			diffs[t][i] = diffTable(b.st.svcs[t][n], want[t][n])
+			changed[t] = changed[t] || !diffs[t][i].empty()
 		}
-		if !changed && !always {
+	}
+	// A change makes the fingerprint of the last rewrite untrue: its
+	// chain is flushed in the same run.
+	unprint := b.st.fingerprint != "" && (changed[tNAT] || changed[tFilter])
+	for t := range numTables {
+		names, diffs := names[t], diffs[t]
+		if !changed[t] && !always && !(unprint && t == tNAT) {
 			continue
 		}
 		in.begin(t)
 		in.mark(spanCanary, nil)
 		in.line("-D ", canary, " ", canaryRule)
 		in.appendRule(canary, canaryRule)
+		if unprint && t == tNAT {
+			in.fixed()
+			in.declare(b.r.n.fixed(chFingerprint))
+			in.unprints = true
+		}
 		if always {
 			// The jumps from the built-in chains, checked in the same
 			// run rather than one iptables -C each (the legacy flavour

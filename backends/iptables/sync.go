@@ -51,7 +51,10 @@ var _ proxier.Backend = (*backend)(nil)
 
 // inputStats describes a restore input.
 type inputStats struct {
-	full         bool
+	full bool
+	// adopted is set when a first sync found our chains holding what
+	// it would write, and restored nothing.
+	adopted      bool
 	sections     int
 	lines, bytes int
 	// rules counts the rules the input appends or inserts, per table
@@ -101,6 +104,9 @@ func (b *backend) restore(ctx context.Context, data []byte) error {
 // memory so a partial sync never reads the kernel.
 type state struct {
 	svcs [numTables]map[model.ServicePortName]*tableRules
+	// fingerprint is the comment of the fingerprint rule the kernel
+	// holds (see fingerprint.go); empty once a partial sync flushed it.
+	fingerprint string
 }
 
 func newState() *state {
