@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sync"
 	"syscall"
 	"testing"
@@ -41,6 +42,12 @@ type childParams struct {
 	NetNS string
 	// MinSync is the proxier's MinSyncInterval.
 	MinSync time.Duration
+	// ConntrackCleanup keeps the engine's conntrack cleanup after each
+	// sync (off: Config.NoConntrackCleanup).
+	ConntrackCleanup bool `json:",omitempty"`
+	// CPUProfile, when set, is where the process writes its CPU
+	// profile, from its start until SIGTERM.
+	CPUProfile string `json:",omitempty"`
 }
 
 // TestMain runs the proxier process when envChild says so, else the
@@ -72,6 +79,17 @@ func childMain(params string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if p.CPUProfile != "" {
+		f, err := os.Create(p.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	cfg, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig)
 	if err != nil {
@@ -90,7 +108,9 @@ func childMain(params string) error {
 		Families:        []model.IPFamily{model.IPv4},
 		ClusterCIDRs:    []netip.Prefix{testnet.PodNetworkIPv4},
 		MinSyncInterval: p.MinSync,
-		Logger:          log,
+		// See EnvConntrackCleanup.
+		NoConntrackCleanup: !p.ConntrackCleanup,
+		Logger:             log,
 	}})
 	if err != nil {
 		return err

@@ -12,6 +12,17 @@
 // manifest, as a DaemonSet pod does. Separate processes make each
 // proxier's resident memory its own.
 //
+// One deliberate difference from a daemon's defaults: the proxiers'
+// conntrack cleanup after each sync is off (proxier.Config.
+// NoConntrackCleanup; PROXYKIT_FLEET_CONNTRACK_CLEANUP=1 keeps it). The
+// Services are TCP, so it would only delete untranslated SYNs to newly
+// programmed ports, but each time it dumps the conntrack table, and a
+// dump in one namespace walks the whole table of the kernel, every node
+// namespace's entries and those of anything else running on the machine.
+// On a real cluster each node has a kernel of its own; here that cost
+// grows with N per proxier (a profile of one proxier found 72-83 % of its
+// CPU time there, with ~100,000 entries of other work in the table).
+//
 // The test creates S ClusterIP Services with one EndpointSlice each (one
 // endpoint, on node1-pod1 or node2-pod1), starts every proxier at once and
 // waits until each answers a sample of them. Then it writes R times per
@@ -22,7 +33,8 @@
 // answers. A node's pending writes are probed whenever the kernel
 // announces a new nf_tables generation in its namespace (a committed
 // transaction, seen on the NFNLGRP_NFTABLES multicast group) and every
-// 250 ms besides. The network programming latency of a (write, node) pair
+// 250 ms besides; a probe ends its connection with a reset, so its
+// conntrack entry lasts 10 s, not TIME_WAIT's 120 s. The network programming latency of a (write, node) pair
 // is the time from just before the API request to that answer. Each
 // proxier also writes the time it received every update, which splits off
 // the API server's watch delivery.
@@ -43,7 +55,8 @@
 // set. PROXYKIT_FLEET_SERVICES (default 1000), PROXYKIT_FLEET_RATE (writes
 // per second, default 10), PROXYKIT_FLEET_CHURN (default 2m) and
 // PROXYKIT_FLEET_MIN_SYNC (the proxiers' minimum sync interval, default
-// 1s as kube-proxy's) change the other sizes. It needs root and the
+// 1s as kube-proxy's) change the other sizes; PROXYKIT_FLEET_PROFILE=DIR
+// makes the first node's proxier write its CPU profile there. It needs root and the
 // control plane binaries of hack/testcluster/build.sh. The figures of
 // BENCHMARKS.md came from, as root:
 //

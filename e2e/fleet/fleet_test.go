@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,17 @@ const (
 	EnvChurn = "PROXYKIT_FLEET_CHURN"
 	// EnvRate is the number of writes per second; default 10.
 	EnvRate = "PROXYKIT_FLEET_RATE"
+	// EnvConntrackCleanup, set to 1, keeps the proxiers' conntrack
+	// cleanup after each sync, which TestFleet turns off by default: every
+	// node namespace shares this one kernel's conntrack table, and each
+	// cleanup dumps it whole (the kernel walks every namespace's entries
+	// to find its own), so with it N proxiers measure that table, N times,
+	// rather than the API server. See the package comment.
+	EnvConntrackCleanup = "PROXYKIT_FLEET_CONNTRACK_CLEANUP"
+	// EnvProfile is a directory where the first node's proxier writes
+	// its CPU profile (fleet-000.cpu, from its start to the end of the
+	// test), for `go tool pprof`.
+	EnvProfile = "PROXYKIT_FLEET_PROFILE"
 	// EnvMinSync is every proxier's minimum interval between syncs, a Go
 	// duration; default 1s (kube-proxy's and examples/proxy's default
 	// minSyncPeriod).
@@ -137,7 +149,15 @@ func TestFleet(t *testing.T) {
 	idle := apiMetrics(t, ctx, cs)
 	began = time.Now()
 	for _, n := range nodes {
-		n.start(t, childParams{Kubeconfig: kubeconfig, NodeName: n.name, NetNS: n.tp.Node1.Path(), MinSync: p.minSync})
+		cp := childParams{Kubeconfig: kubeconfig, NodeName: n.name, NetNS: n.tp.Node1.Path(), MinSync: p.minSync,
+			ConntrackCleanup: os.Getenv(EnvConntrackCleanup) == "1"}
+		if dir := os.Getenv(EnvProfile); dir != "" && n.i == 0 {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cp.CPUProfile = filepath.Join(dir, n.name+".cpu")
+		}
+		n.start(t, cp)
 	}
 	var loops sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx)
@@ -390,8 +410,7 @@ func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpo
 			}
 			ok := true
 			for _, st := range sample {
-				r := n.tp.Node1.TCP(netip.AddrPortFrom(st.ip, servicePortA), probeTimeout)
-				if r.Outcome != testnet.Answered || r.Server != pods[st.pod].name {
+				if n.probe(netip.AddrPortFrom(st.ip, servicePortA)) != pods[st.pod].name {
 					ok = false
 					break
 				}
@@ -412,7 +431,8 @@ func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpo
 	}
 }
 
-// churn writes p.rate times per second for p.churn: every fifth write
+// churn writes p.rate times per second for p.churn (whole seconds):
+// every fifth write
 // moves a Service's port (80 <-> 81), the others move an EndpointSlice's
 // endpoint to the other pod. The Services are taken in a random order,
 // round robin. Each write is sent on its own goroutine at its tick and
@@ -420,15 +440,15 @@ func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpo
 func churn(t *testing.T, ctx context.Context, cs kubernetes.Interface, p fleetParams, state []*svcState, pods []endpoint, nodes []*node) []*write {
 	t.Helper()
 	order := rand.New(rand.NewPCG(22, 50)).Perm(len(state))
-	tick := time.NewTicker(time.Second / time.Duration(p.rate))
-	defer tick.Stop()
 	var (
 		writes []*write
 		wg     sync.WaitGroup
 	)
-	end := time.Now().Add(p.churn)
-	for i := 0; time.Now().Before(end); i++ {
-		<-tick.C
+	// Write i is due at start + i/rate: a late write goes out at once and
+	// the next ones keep their times, so the rate holds on a busy machine.
+	start := time.Now()
+	for i := 0; i < p.rate*int(p.churn/time.Second); i++ {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(p.rate))))
 		st := state[order[i%len(order)]]
 		w := &write{id: i, delivered: make([]time.Duration, len(nodes)), programmed: make([]time.Duration, len(nodes))}
 		var send func() error
