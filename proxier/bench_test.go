@@ -8,6 +8,7 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
 )
 
@@ -57,6 +58,51 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 			alt := slices[n/2].DeepCopy()
 			alt.Endpoints = alt.Endpoints[:9]
 			versions := []*discoveryv1.EndpointSlice{alt, slices[n/2]}
+			i := 0
+			for b.Loop() {
+				e.OnEndpointSliceUpdate(nil, versions[i%2])
+				i++
+				if ok, _ := e.syncOnce(ctx, false); !ok {
+					b.Fatal("sync failed")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkOneEndpointChangeBigService is [BenchmarkOneEndpointChange]
+// for 10 services of many endpoints each, in EndpointSlices of 100 as
+// the EndpointSlice controller fills them: one endpoint of one slice
+// replaced. The engine's work may grow with the endpoints of the changed
+// service, at most linearly.
+func BenchmarkOneEndpointChangeBigService(b *testing.B) {
+	for _, eps := range []int{100, 1000, 10000} {
+		b.Run(fmt.Sprintf("endpoints=%d", eps), func(b *testing.B) {
+			e, err := New(Config{NoConntrackCleanup: true, NoServiceHealthChecks: true}, nopBackend{model.IPv4})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			svcs := scale.Services(10, eps)
+			objs, slices := scale.Objects(svcs)
+			for _, o := range objs {
+				e.OnServiceAdd(o)
+			}
+			for _, s := range slices {
+				e.OnEndpointSliceAdd(s)
+			}
+			e.OnServiceSynced()
+			e.OnEndpointSlicesSynced()
+			ctx := context.Background()
+			if ok, _ := e.syncOnce(ctx, false); !ok {
+				b.Fatal("first sync failed")
+			}
+			// Two versions of the first slice of service 5, alternating.
+			_, upd := scale.Change(svcs, 0)
+			versions := []*discoveryv1.EndpointSlice{upd.Slice(1), svcs[5].Slice(2)}
+			if upd.Name != svcs[5].Name {
+				b.Fatalf("change 0 is of %s", upd.Name)
+			}
 			i := 0
 			for b.Loop() {
 				e.OnEndpointSliceUpdate(nil, versions[i%2])
