@@ -30,11 +30,14 @@
 // the others move an EndpointSlice's endpoint to the other pod. Every
 // write is probed on every node: a TCP connection from the node namespace
 // to the service's cluster IP and port, which counts once the write's pod
-// answers. A node's pending writes are probed whenever the kernel
-// announces a new nf_tables generation in its namespace (a committed
-// transaction, seen on the NFNLGRP_NFTABLES multicast group) and every
-// 250 ms besides; a probe ends its connection with a reset, so its
-// conntrack entry lasts 10 s, not TIME_WAIT's 120 s. The network programming latency of a (write, node) pair
+// answers. A node's pending writes that its proxier has received are
+// probed whenever the kernel announces a new nf_tables generation in its
+// namespace (a committed transaction, seen on the NFNLGRP_NFTABLES
+// multicast group; a sync that programs a write commits one) and every
+// second besides. Probes run on one thread per node that stays in the
+// node namespace, and end their connection with a reset, so a conntrack
+// entry lasts 10 s, not TIME_WAIT's 120 s. The test process's own CPU
+// time is reported, as it shares the machine with what it measures. The network programming latency of a (write, node) pair
 // is the time from just before the API request to that answer. Each
 // proxier also writes the time it received every update, which splits off
 // the API server's watch delivery.

@@ -161,11 +161,11 @@ func TestFleet(t *testing.T) {
 	}
 	var loops sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx)
-	monErrs := make(chan error, len(nodes))
+	loopErrs := make(chan error, 2*len(nodes))
 	for _, n := range nodes {
 		loops.Add(2)
-		go func() { defer loops.Done(); monErrs <- n.watchGenerations(loopCtx) }()
-		go func() { defer loops.Done(); n.probeLoop(loopCtx) }()
+		go func() { defer loops.Done(); loopErrs <- n.watchGenerations(loopCtx) }()
+		go func() { defer loops.Done(); loopErrs <- n.probeLoop(loopCtx) }()
 	}
 	// Before the topologies' teardown (registered earlier, run later),
 	// which fails on a socket left in a namespace.
@@ -187,6 +187,7 @@ func TestFleet(t *testing.T) {
 	mem := &memSampler{nodes: nodes}
 	beforeMetrics := apiMetrics(t, ctx, cs)
 	before := cpuTimes(nodes, api, etcd)
+	selfBefore := cpuTime(os.Getpid())
 	mem.sample()
 	stopMem := mem.run(sampleEvery)
 	churnStart := time.Now()
@@ -194,6 +195,7 @@ func TestFleet(t *testing.T) {
 	churnTime := time.Since(churnStart)
 	during := apiMetrics(t, ctx, cs)
 	after := cpuTimes(nodes, api, etcd)
+	selfCPU := cpuTime(os.Getpid()) - selfBefore
 	stopMem()
 	mem.sample()
 
@@ -210,8 +212,8 @@ func TestFleet(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	stop()
-	for range nodes {
-		if err := <-monErrs; err != nil {
+	for range 2 * len(nodes) {
+		if err := <-loopErrs; err != nil {
 			t.Error(err)
 		}
 	}
@@ -223,7 +225,7 @@ func TestFleet(t *testing.T) {
 	r := summarize(writes, nodes)
 	r.nodes, r.services, r.rate, r.minSync = p.nodes, p.services, p.rate, p.minSync
 	r.churn, r.firstSync = churnTime, firstSync
-	r.apiCPU, r.etcdCPU = after.api-before.api, after.etcd-before.etcd
+	r.apiCPU, r.etcdCPU, r.selfCPU = after.api-before.api, after.etcd-before.etcd, selfCPU
 	r.proxierCPU = make([]time.Duration, len(nodes))
 	for i := range nodes {
 		r.proxierCPU[i] = after.nodes[i] - before.nodes[i]

@@ -3,6 +3,7 @@ package fleet
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/testnet"
@@ -31,9 +34,10 @@ const (
 	// programmed yet is rejected at once (its cluster IP is in a
 	// ServiceCIDR); the timeout covers a drop.
 	probeTimeout = 200 * time.Millisecond
-	// pollInterval is how often a node's pending writes are probed when
-	// no nf_tables generation was announced meanwhile.
-	pollInterval = 250 * time.Millisecond
+	// pollInterval is how often a node's delivered writes are probed when
+	// no nf_tables generation was announced meanwhile (a fallback: a sync
+	// that programs a write commits a generation).
+	pollInterval = time.Second
 	// observeLimit is how long a write may take to reach a node's
 	// dataplane before it counts as lost.
 	observeLimit = 30 * time.Second
@@ -73,6 +77,8 @@ type node struct {
 	kick chan struct{} // a new nf_tables generation in the namespace
 
 	mu       sync.Mutex
+	lastGen  time.Time         // when the last generation was announced
+	gens     int               // generations announced
 	pending  []*write          // not yet programmed here
 	awaiting map[string]*write // kind+" "+key -> write whose update event is due
 	lost     []*write          // not programmed within observeLimit
@@ -145,9 +151,15 @@ func (n *node) readEvents(r io.Reader) {
 		}
 		at := time.Unix(0, ns)
 		n.mu.Lock()
-		if w := n.awaiting[f[1]+" "+f[2]]; w != nil && at.After(w.t0) {
+		w := n.awaiting[f[1]+" "+f[2]]
+		if w != nil && at.After(w.t0) {
 			w.delivered[n.i] = at.Sub(w.t0)
 			delete(n.awaiting, f[1]+" "+f[2])
+			if n.lastGen.After(w.t0) {
+				// A generation since the write may hold it already: its
+				// probe was skipped, the write not being delivered then.
+				n.signal()
+			}
 		}
 		n.mu.Unlock()
 	}
@@ -172,8 +184,9 @@ func (n *node) unprogrammed() int {
 // nf_tables generation (a committed transaction) in the node namespace,
 // until ctx ends: the moment to probe again. It listens on the
 // NFNLGRP_NFTABLES multicast group, which carries every object of every
-// transaction; it decodes nothing but the message types, and a socket
-// buffer overrun (ENOBUFS on a full resync) counts as a generation too.
+// transaction, through a socket filter that keeps only the NEWGEN
+// messages; a socket buffer overrun (ENOBUFS) counts as a generation
+// too.
 func (n *node) watchGenerations(ctx context.Context) error {
 	f, err := os.Open(n.tp.Node1.Path())
 	if err != nil {
@@ -187,7 +200,12 @@ func (n *node) watchGenerations(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("nf_tables monitor in %s: %w", n.tp.Node1, err)
 	}
-	_ = c.SetReadBuffer(4 << 20)
+	// Only NEWGEN messages pass (each comes in a datagram of its own):
+	// the objects of a full resync are not even queued.
+	if err := c.SetBPF(newgenFilter()); err != nil {
+		c.Close()
+		return fmt.Errorf("nf_tables monitor in %s: %w", n.tp.Node1, err)
+	}
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	newgen := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWGEN)
@@ -205,67 +223,138 @@ func (n *node) watchGenerations(ctx context.Context) error {
 			gen = gen || m.Header.Type == newgen
 		}
 		if gen {
-			select {
-			case n.kick <- struct{}{}:
-			default:
-			}
+			n.mu.Lock()
+			n.lastGen = time.Now()
+			n.gens++
+			n.mu.Unlock()
+			n.signal()
 		}
 	}
 }
 
-// probe opens a TCP connection from the node namespace to dst and
-// returns the name of the pod that answered, or "". It ends the connection
-// with a reset (SO_LINGER 0), so the node's conntrack entry lasts 10 s
-// (CLOSE) rather than 120 s (TIME_WAIT): the probes would otherwise
-// fill the table that the proxier's conntrack cleanup dumps.
-func (n *node) probe(dst netip.AddrPort) string {
-	var r testnet.Reply
-	err := n.tp.Node1.Do(func() error {
-		deadline := time.Now().Add(probeTimeout)
-		d := net.Dialer{Deadline: deadline}
-		c, err := d.Dial("tcp4", dst.String())
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.(*net.TCPConn).SetLinger(0)
-		_ = c.SetDeadline(deadline)
-		b, err := io.ReadAll(io.LimitReader(c, 512))
-		if err != nil {
-			return err
-		}
-		r, err = testnet.ParseReply(string(b))
-		return err
+// newgenFilter is a socket filter that keeps the datagrams whose first
+// netlink message is an nf_tables NEWGEN.
+func newgenFilter() []bpf.RawInstruction {
+	// nlmsg_type is in host byte order at offset 4; BPF loads big endian.
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWGEN)
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 4, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(binary.BigEndian.Uint16(b[:])), SkipFalse: 1},
+		bpf.RetConstant{Val: 0xffff},
+		bpf.RetConstant{Val: 0},
 	})
+	if err != nil {
+		panic(err)
+	}
+	return prog
+}
+
+// signal wakes probeLoop up.
+func (n *node) signal() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// probe opens a TCP connection from the node namespace to dst and
+// returns the name of the pod that answered, or "".
+func (n *node) probe(dst netip.AddrPort) string {
+	var server string
+	_ = n.tp.Node1.Do(func() error {
+		server = probeHere(dst)
+		return nil
+	})
+	return server
+}
+
+// probeHere is probe from the calling thread's namespace. It ends the
+// connection with a reset (SO_LINGER 0), so the node's conntrack entry
+// lasts 10 s (CLOSE) rather than 120 s (TIME_WAIT).
+func probeHere(dst netip.AddrPort) string {
+	deadline := time.Now().Add(probeTimeout)
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("tcp4", dst.String())
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.SetDeadline(deadline)
+	b, err := io.ReadAll(io.LimitReader(c, 512))
+	if err != nil {
+		return ""
+	}
+	r, err := testnet.ParseReply(string(b))
 	if err != nil {
 		return ""
 	}
 	return r.Server
 }
 
-// probeLoop probes the node's pending writes after every new generation
-// and every pollInterval, until ctx ends. A write is programmed on this
-// node when a TCP connection from the node to its cluster IP and port is
-// answered by its pod; one not programmed within observeLimit is lost.
-func (n *node) probeLoop(ctx context.Context) {
+// probeLoop probes the node's delivered writes after every new
+// generation and every pollInterval, until ctx ends. A write is
+// programmed on this node when a TCP connection from the node to its
+// cluster IP and port is answered by its pod; one not programmed within
+// observeLimit is lost. A write the node's proxier has not received yet
+// is not probed: it cannot be programmed, and probing it would only load
+// the machine. The loop runs on a thread of its own that stays in the
+// node namespace until the loop ends, so a probe costs no namespace
+// switch. (The thread goes back to its namespace then: were it to exit
+// instead, the proxier processes started from it would get their
+// Pdeathsig.)
+func (n *node) probeLoop(ctx context.Context) (err error) {
+	runtime.LockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer orig.Close()
+	f, err := os.Open(n.tp.Node1.Path())
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+	f.Close()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter %s: %w", n.tp.Node1, err)
+	}
+	defer func() {
+		if rerr := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); rerr != nil {
+			// Stay locked: the runtime ends the thread with the goroutine.
+			err = errors.Join(err, fmt.Errorf("leave %s: %w", n.tp.Node1, rerr))
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-n.kick:
 		case <-tick.C:
 		}
 		n.mu.Lock()
-		due := append([]*write(nil), n.pending...)
-		n.mu.Unlock()
-		if len(due) == 0 {
-			continue
-		}
+		var due []*write
 		done := map[*write]bool{}
+		for _, w := range n.pending {
+			switch {
+			case w.delivered[n.i] > 0:
+				due = append(due, w)
+			case time.Since(w.t0) > observeLimit:
+				done[w] = true
+				n.lost = append(n.lost, w)
+			}
+		}
+		n.mu.Unlock()
 		for _, w := range due {
-			if n.probe(w.dst) == w.pod {
+			if probeHere(w.dst) == w.pod {
 				w.programmed[n.i] = time.Since(w.t0)
 				done[w] = true
 			} else if time.Since(w.t0) > observeLimit {
@@ -274,6 +363,9 @@ func (n *node) probeLoop(ctx context.Context) {
 				n.lost = append(n.lost, w)
 				n.mu.Unlock()
 			}
+		}
+		if len(done) == 0 {
+			continue
 		}
 		n.mu.Lock()
 		kept := n.pending[:0]

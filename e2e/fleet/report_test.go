@@ -221,9 +221,12 @@ type report struct {
 	// writes' request times.
 	programmed, delivered, first, last, api []time.Duration
 	lost                                    int
+	gens                                    int // nf_tables generations seen
 	firstSync                               []time.Duration
 	apiCPU, etcdCPU                         time.Duration
-	proxierCPU                              []time.Duration
+	// selfCPU is the test process's: the writes, probes and monitors.
+	selfCPU    time.Duration
+	proxierCPU []time.Duration
 	// idle is before the proxiers started.
 	idle, before, during metrics
 	rss, hwm             []int
@@ -254,7 +257,10 @@ func summarize(writes []*write, nodes []*node) *report {
 		}
 	}
 	for _, n := range nodes {
+		n.mu.Lock()
 		r.lost += len(n.lost)
+		r.gens += n.gens
+		n.mu.Unlock()
 	}
 	return r
 }
@@ -279,7 +285,7 @@ func (r *report) log(t *testing.T) {
 	t.Helper()
 	secs := r.churn.Seconds()
 	t.Logf("FLEET nodes=%d services=%d rate=%d/s churn=%v writes=%d min-sync=%v", r.nodes, r.services, r.rate, r.churn.Round(time.Millisecond), r.writes, r.minSync)
-	t.Logf("FLEET programming latency, all (write, node) pairs: %s; lost=%d", stats(r.programmed), r.lost)
+	t.Logf("FLEET programming latency, all (write, node) pairs: %s; lost=%d; nf_tables generations seen: %d", stats(r.programmed), r.lost, r.gens)
 	t.Logf("FLEET programming latency, fastest node per write: %s", stats(r.first))
 	t.Logf("FLEET programming latency, slowest node per write: %s", stats(r.last))
 	t.Logf("FLEET watch delivery (write sent -> proxier's handler), all pairs: %s", stats(r.delivered))
@@ -300,5 +306,6 @@ func (r *report) log(t *testing.T) {
 		cpuSum += c
 	}
 	t.Logf("FLEET proxier CPU over the churn, per node: %s; all nodes %.2fs (%.1f%% of one CPU)", stats(r.proxierCPU), cpuSum.Seconds(), 100*cpuSum.Seconds()/secs)
+	t.Logf("FLEET test process (writes, probes, monitors) CPU over the churn: %.2fs (%.1f%% of one CPU)", r.selfCPU.Seconds(), 100*r.selfCPU.Seconds()/secs)
 	t.Logf("FLEET proxier memory per process: VmRSS (median of its samples every %v) %s; VmHWM %s", sampleEvery, mbStats(r.rss), mbStats(r.hwm))
 }
