@@ -24,8 +24,12 @@
 // CPU time there, with ~100,000 entries of other work in the table).
 //
 // The test creates S ClusterIP Services with one EndpointSlice each (one
-// endpoint, on node1-pod1 or node2-pod1), starts every proxier at once and
-// waits until each answers a sample of them. Then it writes R times per
+// endpoint, on node1-pod1 or node2-pod1), starts the proxiers one after
+// another over 30 s (the proxiers' full resync period, so that their
+// periodic full resyncs are spread as independent nodes' are; with
+// PROXYKIT_FLEET_STAGGER=0 they start at once, as after a cluster-wide
+// restart, and resync together on the machine's few CPUs) and waits until
+// each answers a sample of them. Then it writes R times per
 // second for a while: every fifth write moves a Service's port (80 <-> 81),
 // the others move an EndpointSlice's endpoint to the other pod. Every
 // write is probed on every node: a TCP connection from the node namespace
@@ -59,7 +63,9 @@
 // per second, default 10), PROXYKIT_FLEET_CHURN (default 2m) and
 // PROXYKIT_FLEET_MIN_SYNC (the proxiers' minimum sync interval, default
 // 1s as kube-proxy's) change the other sizes; PROXYKIT_FLEET_PROFILE=DIR
-// makes the first node's proxier write its CPU profile there. It needs root and the
+// makes the first node's proxier write its CPU profile there, and
+// PROXYKIT_FLEET_CSV=FILE writes every (write, node) pair's figures to a
+// file. It needs root and the
 // control plane binaries of hack/testcluster/build.sh. The figures of
 // BENCHMARKS.md came from, as root:
 //

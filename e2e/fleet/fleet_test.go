@@ -47,6 +47,16 @@ const (
 	// its CPU profile (fleet-000.cpu, from its start to the end of the
 	// test), for `go tool pprof`.
 	EnvProfile = "PROXYKIT_FLEET_PROFILE"
+	// EnvStagger is the time over which the proxiers start, one after
+	// another at even intervals, a Go duration; default 30s, the
+	// proxiers' full resync period, so that their periodic full resyncs
+	// are spread as independent nodes' would be (0: all at once, as after
+	// a cluster-wide restart; their full resyncs then coincide).
+	EnvStagger = "PROXYKIT_FLEET_STAGGER"
+	// EnvCSV is a file to write every (write, node) pair's figures to:
+	// write, kind, its time from the churn's start, node, delivery and
+	// programming latency (ms, empty when not seen).
+	EnvCSV = "PROXYKIT_FLEET_CSV"
 	// EnvMinSync is every proxier's minimum interval between syncs, a Go
 	// duration; default 1s (kube-proxy's and examples/proxy's default
 	// minSyncPeriod).
@@ -145,10 +155,11 @@ func TestFleet(t *testing.T) {
 	state := createServices(t, ctx, cs, p.services, pods, nodes)
 	t.Logf("FLEET wrote %d Services and %d EndpointSlices in %v", p.services, p.services, time.Since(began).Round(time.Millisecond))
 
-	// The proxiers, all at once, as after a cluster-wide restart.
+	// The proxiers, spread over p.stagger.
 	idle := apiMetrics(t, ctx, cs)
 	began = time.Now()
 	for _, n := range nodes {
+		time.Sleep(time.Until(began.Add(time.Duration(n.i) * p.stagger / time.Duration(len(nodes)))))
 		cp := childParams{Kubeconfig: kubeconfig, NodeName: n.name, NetNS: n.tp.Node1.Path(), MinSync: p.minSync,
 			ConntrackCleanup: os.Getenv(EnvConntrackCleanup) == "1"}
 		if dir := os.Getenv(EnvProfile); dir != "" && n.i == 0 {
@@ -178,9 +189,9 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	t.Cleanup(stop)
-	firstSync := waitProgrammed(t, nodes, state, pods, began)
-	t.Logf("FLEET every proxier programmed the %d Services in %v (per node: median %v, max %v)", p.services,
-		time.Since(began).Round(time.Millisecond), pct(firstSync, 50).Round(time.Millisecond), pct(firstSync, 100).Round(time.Millisecond))
+	firstSync := waitProgrammed(t, nodes, state, pods)
+	t.Logf("FLEET every proxier, started over %v, programmed the %d Services %v after the first started (per node from its start: median %v, max %v)",
+		p.stagger, p.services, time.Since(began).Round(time.Millisecond), pct(firstSync, 50).Round(time.Millisecond), pct(firstSync, 100).Round(time.Millisecond))
 
 	// Churn.
 	api, etcd := cluster.APIServerPID(), cluster.EtcdPID()
@@ -222,8 +233,13 @@ func TestFleet(t *testing.T) {
 			t.Errorf("proxier of %s exited: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
 		}
 	}
+	if path := os.Getenv(EnvCSV); path != "" {
+		if err := writeCSV(path, writes, nodes, churnStart); err != nil {
+			t.Error(err)
+		}
+	}
 	r := summarize(writes, nodes)
-	r.nodes, r.services, r.rate, r.minSync = p.nodes, p.services, p.rate, p.minSync
+	r.nodes, r.services, r.rate, r.minSync, r.stagger = p.nodes, p.services, p.rate, p.minSync, p.stagger
 	r.churn, r.firstSync = churnTime, firstSync
 	r.apiCPU, r.etcdCPU, r.selfCPU = after.api-before.api, after.etcd-before.etcd, selfCPU
 	r.proxierCPU = make([]time.Duration, len(nodes))
@@ -246,8 +262,8 @@ func TestFleet(t *testing.T) {
 
 // fleetParams are TestFleet's sizes.
 type fleetParams struct {
-	nodes, services, rate int
-	churn, minSync        time.Duration
+	nodes, services, rate   int
+	churn, minSync, stagger time.Duration
 }
 
 // params reads the sizes from the environment, or skips the test.
@@ -257,7 +273,7 @@ func params(t *testing.T) fleetParams {
 	if v == "" {
 		t.Skipf("opt-in measurement (N proxier processes, minutes): set %s=N, e.g. sudo %s=50 go test ./e2e/fleet/ -run TestFleet -v -timeout 30m", EnvNodes, EnvNodes)
 	}
-	p := fleetParams{services: 1000, rate: 10, churn: 2 * time.Minute, minSync: time.Second}
+	p := fleetParams{services: 1000, rate: 10, churn: 2 * time.Minute, minSync: time.Second, stagger: 30 * time.Second}
 	var err error
 	if p.nodes, err = strconv.Atoi(v); err != nil || p.nodes < 1 || p.nodes > 200 {
 		t.Fatalf("%s=%q: want a number of nodes from 1 to 200", EnvNodes, v)
@@ -275,9 +291,9 @@ func params(t *testing.T) fleetParams {
 	for _, e := range []struct {
 		name string
 		to   *time.Duration
-	}{{EnvChurn, &p.churn}, {EnvMinSync, &p.minSync}} {
+	}{{EnvChurn, &p.churn}, {EnvMinSync, &p.minSync}, {EnvStagger, &p.stagger}} {
 		if v := os.Getenv(e.name); v != "" {
-			if *e.to, err = time.ParseDuration(v); err != nil || *e.to <= 0 {
+			if *e.to, err = time.ParseDuration(v); err != nil || *e.to < 0 || *e.to == 0 && e.name != EnvStagger {
 				t.Fatalf("%s=%q: want a positive Go duration", e.name, v)
 			}
 		}
@@ -390,8 +406,8 @@ func setEndpoint(sl *discoveryv1.EndpointSlice, pod endpoint, nodeName string) {
 
 // waitProgrammed waits until every node answers a sample of the Services
 // (every len/20th and the last) from their pods, and returns the time
-// from began until each did.
-func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpoint, began time.Time) []time.Duration {
+// from each proxier's start until it did.
+func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpoint) []time.Duration {
 	t.Helper()
 	var sample []*svcState
 	step := max(1, len(state)/20)
@@ -418,7 +434,7 @@ func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpo
 				}
 			}
 			if ok {
-				out[i] = time.Since(began)
+				out[i] = time.Since(n.started)
 			} else {
 				pending++
 			}

@@ -70,6 +70,7 @@ type node struct {
 	tp   *testnet.Topology
 
 	cmd     *exec.Cmd
+	started time.Time
 	logPath string
 	done    chan struct{} // closed when the process has exited
 	exitErr error
@@ -105,6 +106,7 @@ func (n *node) start(t *testing.T, p childParams) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.started = time.Now()
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -213,9 +213,9 @@ func label(labels, k string) string {
 
 // report is TestFleet's outcome.
 type report struct {
-	nodes, services, rate int
-	minSync, churn        time.Duration
-	writes                int
+	nodes, services, rate   int
+	minSync, churn, stagger time.Duration
+	writes                  int
 	// programmed and delivered are over every (write, node) pair seen;
 	// first and last per write, its fastest and slowest node; api the
 	// writes' request times.
@@ -265,6 +265,24 @@ func summarize(writes []*write, nodes []*node) *report {
 	return r
 }
 
+// writeCSV writes every (write, node) pair's figures to path.
+func writeCSV(path string, writes []*write, nodes []*node, churnStart time.Time) error {
+	var b strings.Builder
+	b.WriteString("write,kind,at_s,node,delivered_ms,programmed_ms\n")
+	ms := func(d time.Duration) string {
+		if d <= 0 {
+			return ""
+		}
+		return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64)
+	}
+	for _, w := range writes {
+		for i, n := range nodes {
+			fmt.Fprintf(&b, "%d,%s,%.3f,%s,%s,%s\n", w.id, w.kind, w.t0.Sub(churnStart).Seconds(), n.name, ms(w.delivered[i]), ms(w.programmed[i]))
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
 // stats formats the median, p90, p99 and max of ds.
 func stats(ds []time.Duration) string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) }
@@ -284,7 +302,7 @@ func mbStats(kb []int) string {
 func (r *report) log(t *testing.T) {
 	t.Helper()
 	secs := r.churn.Seconds()
-	t.Logf("FLEET nodes=%d services=%d rate=%d/s churn=%v writes=%d min-sync=%v", r.nodes, r.services, r.rate, r.churn.Round(time.Millisecond), r.writes, r.minSync)
+	t.Logf("FLEET nodes=%d services=%d rate=%d/s churn=%v writes=%d min-sync=%v started-over=%v", r.nodes, r.services, r.rate, r.churn.Round(time.Millisecond), r.writes, r.minSync, r.stagger)
 	t.Logf("FLEET programming latency, all (write, node) pairs: %s; lost=%d; nf_tables generations seen: %d", stats(r.programmed), r.lost, r.gens)
 	t.Logf("FLEET programming latency, fastest node per write: %s", stats(r.first))
 	t.Logf("FLEET programming latency, slowest node per write: %s", stats(r.last))
