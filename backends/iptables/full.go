@@ -340,13 +340,32 @@ func staleChains(have map[string]bool, want map[model.ServicePortName]*tableRule
 	return out
 }
 
-// kernelChains returns the per-service chains of ours in table t, as
-// iptables-save lists them (what an earlier process left), and whether
-// the table holds every chain of ours that a built-in chain jumps to (so
-// that the jumps may exist).
+// kernelChains returns the per-service chains of ours in table t (what an
+// earlier process left: listed over netlink in the nft flavour, read from
+// *-save in the legacy one), whether the table holds every chain of ours
+// that a built-in chain jumps to (so that the jumps may exist), and, for
+// nat, the comment of the fingerprint rule if there is one.
 func (b *backend) kernelChains(ctx context.Context, t table) (chains []string, targets bool, fingerprint string, err error) {
-	out, err := b.run.Save(ctx, t.String())
+	names, listed, err := b.run.Chains(ctx, t.String())
 	if err != nil {
+		return nil, false, "", err
+	}
+	var out []byte
+	if listed {
+		// The nft flavour: the chain list over netlink, and the
+		// fingerprint rule alone (iptables -S of one chain reads that
+		// chain only), instead of *-save of the whole table.
+		if t == tNAT {
+			if fp, err := b.run.Command(ctx, "-t", "nat", "-S", b.r.n.fixed(chFingerprint)); err == nil {
+				out = []byte(fp)
+			} else if _, ok := errors.AsType[*iptables.CommandError](err); !ok {
+				return nil, false, "", err
+			}
+		}
+		for _, n := range names {
+			out = append(out, ":"+n+" - [0:0]\n"...)
+		}
+	} else if out, err = b.run.Save(ctx, t.String()); err != nil {
 		return nil, false, "", err
 	}
 	fixed := map[string]bool{}

@@ -157,8 +157,15 @@ func TestKernelFlavourDetection(t *testing.T) {
 		t.Fatalf("after Cleanup:\n%s", out)
 	}
 	// An explicit mode overrides detection.
-	if b := e.backend(model.IPv4, Config{Mode: ModeNFT}); b.run.Tools().Flavour != iptables.NFT {
-		t.Fatalf("ModeNFT: %s", b.run.Tools().Flavour)
+	nb := e.backend(model.IPv4, Config{Mode: ModeNFT})
+	if nb.run.Tools().Flavour != iptables.NFT {
+		t.Fatalf("ModeNFT: %s", nb.run.Tools().Flavour)
+	}
+	// Our chains in nft (counted from its chain lists, not its rules)
+	// beat another program's rule in legacy.
+	mustSync(t, nb, request(model.IPv4, []testSvc{e.svc(model.IPv4, "web", "10.96.0.10", p11)}, nil))
+	if m, err := detect(Config{Config: proxier.Config{NetNS: e.tn.Node1.Path()}}.WithDefaults()); err != nil || m != ModeNFT {
+		t.Fatalf("with our chains in nft: %s %v", m, err)
 	}
 }
 
@@ -678,5 +685,35 @@ func TestKernelAdoptsMatchingChains(t *testing.T) {
 	}
 	if strings.Contains(e.exec("iptables-nft-save", "-t", "nat"), "PROXYKIT-SVC-HANDMADE") {
 		t.Error("the hand-made chain survived the rewrite")
+	}
+}
+
+// TestKernelAdoptsLegacy: the legacy flavour, whose chains the first sync
+// reads with iptables-legacy-save, adopts as the nft one does.
+func TestKernelAdoptsLegacy(t *testing.T) {
+	e := newKernelEnv(t, "iptables-legacy-restore", "iptables-legacy")
+	node, p11 := &e.tn.Node1.Host, e.pod(1, 1)
+	a := e.svc(model.IPv4, "a", "10.96.3.5", p11)
+	cfg := Config{Mode: ModeLegacy}
+	b1 := e.backend(model.IPv4, cfg)
+	mustSync(t, b1, request(model.IPv4, []testSvc{a}, nil))
+	b1.Close()
+	b2 := e.backend(model.IPv4, cfg)
+	mustSync(t, b2, request(model.IPv4, []testSvc{a}, nil))
+	if !b2.last.adopted {
+		t.Errorf("legacy: chains that hold what the second process wants were rewritten: %+v", b2.last)
+	}
+	if got := e.answers(node, "10.96.3.5:80"); got != p11.Name {
+		t.Fatalf("after adopting: %s", got)
+	}
+	b2.Close()
+	e.exec("iptables-legacy", "-w", "-t", "nat", "-N", "PROXYKIT-SVC-HANDMADE")
+	b3 := e.backend(model.IPv4, cfg)
+	mustSync(t, b3, request(model.IPv4, []testSvc{a}, nil))
+	if b3.last.adopted || strings.Contains(e.exec("iptables-legacy-save", "-t", "nat"), "PROXYKIT-SVC-HANDMADE") {
+		t.Errorf("legacy: chains beside a hand-made one of ours were adopted (%+v), or it survived", b3.last)
+	}
+	if err := b3.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -119,10 +119,11 @@ func New(cfg Config) (proxier.Proxier, error) {
 }
 
 // setupTimeout bounds the programs New and NewBackend run. Detecting
-// the flavour reads both flavours' whole rule sets, which takes tens of
-// seconds when a predecessor left 30,000 services' rules on a loaded
-// node (TestRestartAtScale): the bound is for a hung program, not for a
-// big rule set.
+// the flavour may read both flavours' whole rule sets (the nft one's only
+// when no flavour has a hint chain), which takes tens of seconds when a
+// predecessor left 30,000 services' rules on a loaded node
+// (TestRestartAtScale): the bound is for a hung program, not for a big
+// rule set.
 const setupTimeout = 2 * time.Minute
 
 func detect(cfg Config) (Mode, error) {
