@@ -17,7 +17,12 @@ const (
 	plotSync    = "sync-time.svg"
 	plotChange  = "change-latency.svg"
 	plotConnect = "connect-latency.svg"
-	resultsJSON = "results.json"
+	// The same over endpoints per service, at 10 services (big
+	// services, issue #22): written when a run has such sizes.
+	plotBigSync    = "big-sync-time.svg"
+	plotBigChange  = "big-change-latency.svg"
+	plotBigConnect = "big-connect-latency.svg"
+	resultsJSON    = "results.json"
 )
 
 // write writes the results, the plots and the report.
@@ -117,11 +122,27 @@ func dataplanes(rep *Report) []string {
 
 // line returns the points of one dataplane at the sizes with 10
 // endpoints per service, with y taken from each measured case.
-func line(rep *Report, label string, y func(*Case) float64) (xs, ys []float64) {
+// axis is the x axis of a plot: which sizes it shows, and where.
+type axis struct {
+	label string
+	match func(Size) bool
+	x     func(Size) float64
+}
+
+var (
+	// servicesAxis: services of 10 endpoints each.
+	servicesAxis = axis{"services (10 endpoints each)",
+		func(s Size) bool { return s.Endpoints == 10 }, func(s Size) float64 { return float64(s.Services) }}
+	// endpointsAxis: endpoints per service, 10 services.
+	endpointsAxis = axis{"endpoints per service (10 services)",
+		func(s Size) bool { return s.Services == 10 }, func(s Size) float64 { return float64(s.Endpoints) }}
+)
+
+func line(rep *Report, label string, ax axis, y func(*Case) float64) (xs, ys []float64) {
 	for _, c := range rep.Cases {
-		if c.Label == label && c.ok() && c.Size.Endpoints == 10 {
+		if c.Label == label && c.ok() && ax.match(c.Size) {
 			if v := y(c); v > 0 {
-				xs, ys = append(xs, float64(c.Size.Services)), append(ys, v)
+				xs, ys = append(xs, ax.x(c.Size)), append(ys, v)
 			}
 		}
 	}
@@ -132,26 +153,32 @@ func writePlots(rep *Report, dir string) error {
 	labels := dataplanes(rep)
 	type spec struct {
 		file, title, ylabel string
+		ax                  axis
 		median, p99         func(*Case) float64
 	}
+	sync := func(c *Case) float64 { return c.SyncSeconds }
+	change := [2]func(*Case) float64{func(c *Case) float64 { return c.Change.Median }, func(c *Case) float64 { return c.Change.P99 }}
+	connect := [2]func(*Case) float64{func(c *Case) float64 { return c.Connect.Median }, func(c *Case) float64 { return c.Connect.P99 }}
+	const changeTitle = "One endpoint change, event to kernel: median (solid), p99 (dashed)"
+	const connectTitle = "TCP connect through a cluster IP from a pod: median (solid), p99 (dashed)"
 	specs := []spec{
-		{plotSync, "First full sync (services × 10 endpoints)", "seconds",
-			func(c *Case) float64 { return c.SyncSeconds }, nil},
-		{plotChange, "One endpoint change, event to kernel: median (solid), p99 (dashed)", "milliseconds",
-			func(c *Case) float64 { return c.Change.Median }, func(c *Case) float64 { return c.Change.P99 }},
-		{plotConnect, "TCP connect through a cluster IP from a pod: median (solid), p99 (dashed)", "microseconds",
-			func(c *Case) float64 { return c.Connect.Median }, func(c *Case) float64 { return c.Connect.P99 }},
+		{plotSync, "First full sync (services × 10 endpoints)", "seconds", servicesAxis, sync, nil},
+		{plotChange, changeTitle, "milliseconds", servicesAxis, change[0], change[1]},
+		{plotConnect, connectTitle, "microseconds", servicesAxis, connect[0], connect[1]},
+		{plotBigSync, "First full sync (10 services × endpoints)", "seconds", endpointsAxis, sync, nil},
+		{plotBigChange, changeTitle, "milliseconds", endpointsAxis, change[0], change[1]},
+		{plotBigConnect, connectTitle, "microseconds", endpointsAxis, connect[0], connect[1]},
 	}
 	for _, s := range specs {
-		ch := plot.Chart{Title: s.title, XLabel: "services (10 endpoints each)", YLabel: s.ylabel}
+		ch := plot.Chart{Title: s.title, XLabel: s.ax.label, YLabel: s.ylabel}
 		for i, l := range labels {
-			xs, ys := line(rep, l, s.median)
+			xs, ys := line(rep, l, s.ax, s.median)
 			if len(xs) == 0 {
 				continue
 			}
 			ch.Series = append(ch.Series, plot.Series{Name: l, X: xs, Y: ys, Style: i})
 			if s.p99 != nil {
-				xs, ys := line(rep, l, s.p99)
+				xs, ys := line(rep, l, s.ax, s.p99)
 				ch.Series = append(ch.Series, plot.Series{X: xs, Y: ys, Style: i, Dashed: true})
 			}
 		}
@@ -236,7 +263,7 @@ func markdown(rep *Report, o Options) string {
 		return len(notes)
 	}
 	for _, sz := range sizes {
-		p("### %s services × %d endpoints\n\n", thousands(sz.Services), sz.Endpoints)
+		p("### %s services × %s endpoints\n\n", thousands(sz.Services), thousands(sz.Endpoints))
 		p("| dataplane | first full sync | peak RSS | endpoint change: median / p99 (n) | connect: median / p99 |\n")
 		p("| --- | ---: | ---: | ---: | ---: |\n")
 		for _, c := range rep.Cases {
@@ -276,7 +303,10 @@ func markdown(rep *Report, o Options) string {
 	if o.PlotDir != "" {
 		p("## Plots\n\n")
 		p("Services × 10 endpoints; 5,000 × 50 is in the tables only. Both axes are logarithmic.\n\n")
-		for _, f := range []string{plotSync, plotChange, plotConnect} {
+		if _, err := os.Stat(filepath.Join(o.PlotDir, plotBigChange)); err == nil {
+			p("The big-* plots: 10 services of more and more endpoints each.\n\n")
+		}
+		for _, f := range []string{plotSync, plotChange, plotConnect, plotBigSync, plotBigChange, plotBigConnect} {
 			if _, err := os.Stat(filepath.Join(o.PlotDir, f)); err == nil {
 				p("![%s](%s)\n\n", strings.TrimSuffix(f, ".svg"), link(f))
 			}
