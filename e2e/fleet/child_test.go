@@ -78,7 +78,8 @@ func childMain(params string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	out := &eventLog{w: bufio.NewWriter(os.Stdout)}
+	log := slog.New(&syncTap{Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), out: out})
 	if p.CPUProfile != "" {
 		f, err := os.Create(p.CPUProfile)
 		if err != nil {
@@ -116,7 +117,6 @@ func childMain(params string) error {
 		return err
 	}
 	defer pr.Close()
-	out := &eventLog{w: bufio.NewWriter(os.Stdout)}
 	rec := &recorder{Proxier: pr, out: out}
 
 	errs := make(chan error, 2)
@@ -147,6 +147,54 @@ func (r *recorder) OnEndpointSliceUpdate(old, s *discoveryv1.EndpointSlice) {
 	r.Proxier.OnEndpointSliceUpdate(old, s)
 }
 
+// syncTap is a slog.Handler that hands the records its Handler enables
+// on, and writes a line "S <end, unix ns> <duration ns> <full>" for each
+// of the engine's "synced" records (level Debug), so that the test can
+// tell the proxier's sync from the probes' view of it.
+type syncTap struct {
+	slog.Handler
+	out  *eventLog
+	full bool // the "full" attribute the engine adds with Logger.With
+}
+
+func (h *syncTap) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelDebug
+}
+
+func (h *syncTap) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "synced" {
+		var d time.Duration
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "duration" {
+				d = a.Value.Duration()
+			}
+			return true
+		})
+		h.out.line("S %d %d %t", r.Time.UnixNano(), d.Nanoseconds(), h.full)
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *syncTap) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *h
+	c.Handler = h.Handler.WithAttrs(as)
+	for _, a := range as {
+		if a.Key == "full" {
+			c.full = a.Value.Bool()
+		}
+	}
+	return &c
+}
+
+func (h *syncTap) WithGroup(name string) slog.Handler {
+	c := *h
+	c.Handler = h.Handler.WithGroup(name)
+	return &c
+}
+
 // eventLog writes event lines; safe for concurrent use.
 type eventLog struct {
 	mu sync.Mutex
@@ -154,9 +202,12 @@ type eventLog struct {
 }
 
 func (l *eventLog) event(kind, ns, name string) {
-	now := time.Now().UnixNano()
+	l.line("E %s %s/%s %d", kind, ns, name, time.Now().UnixNano())
+}
+
+func (l *eventLog) line(format string, args ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "E %s %s/%s %d\n", kind, ns, name, now)
+	fmt.Fprintf(l.w, format+"\n", args...)
 	l.w.Flush()
 }

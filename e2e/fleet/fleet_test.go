@@ -228,17 +228,28 @@ func TestFleet(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	warnings, firstWarning := 0, ""
 	for _, n := range nodes {
 		if n.exited() {
 			t.Errorf("proxier of %s exited: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
 		}
+		b, _ := os.ReadFile(n.logPath)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				warnings++
+				if firstWarning == "" {
+					firstWarning = n.name + ": " + l
+				}
+			}
+		}
 	}
+	t.Logf("FLEET proxier warnings and errors logged: %d (first: %q)", warnings, firstWarning)
 	if path := os.Getenv(EnvCSV); path != "" {
 		if err := writeCSV(path, writes, nodes, churnStart); err != nil {
 			t.Error(err)
 		}
 	}
-	r := summarize(writes, nodes)
+	r := summarize(writes, nodes, churnStart, churnStart.Add(churnTime))
 	r.nodes, r.services, r.rate, r.minSync, r.stagger = p.nodes, p.services, p.rate, p.minSync, p.stagger
 	r.churn, r.firstSync = churnTime, firstSync
 	r.apiCPU, r.etcdCPU, r.selfCPU = after.api-before.api, after.etcd-before.etcd, selfCPU
@@ -405,8 +416,9 @@ func setEndpoint(sl *discoveryv1.EndpointSlice, pod endpoint, nodeName string) {
 }
 
 // waitProgrammed waits until every node answers a sample of the Services
-// (every len/20th and the last) from their pods, and returns the time
-// from each proxier's start until it did.
+// (every len/20th and the last) from their pods, probing each node on a
+// goroutine of its own every 100 ms, and returns the time from each
+// proxier's start until it did.
 func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpoint) []time.Duration {
 	t.Helper()
 	var sample []*svcState
@@ -416,37 +428,41 @@ func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpo
 	}
 	sample = append(sample, state[len(state)-1])
 	out := make([]time.Duration, len(nodes))
+	errs := make(chan error, len(nodes))
 	deadline := time.Now().Add(syncLimit)
-	for {
-		pending := 0
-		for i, n := range nodes {
-			if out[i] > 0 {
-				continue
-			}
-			if n.exited() {
-				t.Fatalf("proxier of %s exited before it synced: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
-			}
-			ok := true
-			for _, st := range sample {
-				if n.probe(netip.AddrPortFrom(st.ip, servicePortA)) != pods[st.pod].name {
-					ok = false
-					break
+	for i, n := range nodes {
+		go func() {
+			for {
+				if n.exited() {
+					errs <- fmt.Errorf("proxier of %s exited before it synced: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
+					return
 				}
+				ok := true
+				for _, st := range sample {
+					if n.probe(netip.AddrPortFrom(st.ip, servicePortA)) != pods[st.pod].name {
+						ok = false
+						break
+					}
+				}
+				if ok {
+					out[i] = time.Since(n.started)
+					errs <- nil
+					return
+				}
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("proxier of %s did not program the Services within %v", n.name, syncLimit)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			if ok {
-				out[i] = time.Since(n.started)
-			} else {
-				pending++
-			}
-		}
-		if pending == 0 {
-			return out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d proxiers did not program the Services within %v", pending, len(nodes), syncLimit)
-		}
-		time.Sleep(200 * time.Millisecond)
+		}()
 	}
+	for range nodes {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 // churn writes p.rate times per second for p.churn (whole seconds):

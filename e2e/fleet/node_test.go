@@ -80,9 +80,17 @@ type node struct {
 	mu       sync.Mutex
 	lastGen  time.Time         // when the last generation was announced
 	gens     int               // generations announced
+	syncs    []syncRecord      // the proxier's successful syncs, in order
 	pending  []*write          // not yet programmed here
 	awaiting map[string]*write // kind+" "+key -> write whose update event is due
 	lost     []*write          // not programmed within observeLimit
+}
+
+// syncRecord is one successful sync as the proxier logged it.
+type syncRecord struct {
+	end  time.Time
+	took time.Duration // of the backend's Sync
+	full bool
 }
 
 // start runs the node's proxier process: the test binary in the child
@@ -144,6 +152,16 @@ func (n *node) readEvents(r io.Reader) {
 	s := bufio.NewScanner(r)
 	for s.Scan() {
 		f := strings.Fields(s.Text())
+		if len(f) == 4 && f[0] == "S" {
+			end, err1 := strconv.ParseInt(f[1], 10, 64)
+			d, err2 := strconv.ParseInt(f[2], 10, 64)
+			if err1 == nil && err2 == nil {
+				n.mu.Lock()
+				n.syncs = append(n.syncs, syncRecord{end: time.Unix(0, end), took: time.Duration(d), full: f[3] == "true"})
+				n.mu.Unlock()
+			}
+			continue
+		}
 		if len(f) != 4 || f[0] != "E" {
 			continue
 		}

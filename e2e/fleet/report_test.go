@@ -220,10 +220,15 @@ type report struct {
 	// first and last per write, its fastest and slowest node; api the
 	// writes' request times.
 	programmed, delivered, first, last, api []time.Duration
-	lost                                    int
-	gens                                    int // nf_tables generations seen
-	firstSync                               []time.Duration
-	apiCPU, etcdCPU                         time.Duration
+	// synced is, per (write, node) pair, the time from the write to the
+	// end of the proxier's first sync that began after it received the
+	// write; partial and full are the durations of its syncs during the
+	// churn (the backend's Sync).
+	synced, partial, full []time.Duration
+	lost                  int
+	gens                  int // nf_tables generations seen
+	firstSync             []time.Duration
+	apiCPU, etcdCPU       time.Duration
 	// selfCPU is the test process's: the writes, probes and monitors.
 	selfCPU    time.Duration
 	proxierCPU []time.Duration
@@ -234,8 +239,22 @@ type report struct {
 }
 
 // summarize collects the latencies of the writes.
-func summarize(writes []*write, nodes []*node) *report {
+func summarize(writes []*write, nodes []*node, from, to time.Time) *report {
 	r := &report{writes: len(writes)}
+	for _, n := range nodes {
+		n.mu.Lock()
+		for _, s := range n.syncs {
+			if s.end.Before(from) || s.end.After(to) {
+				continue
+			}
+			if s.full {
+				r.full = append(r.full, s.took)
+			} else {
+				r.partial = append(r.partial, s.took)
+			}
+		}
+		n.mu.Unlock()
+	}
 	for _, w := range writes {
 		if w.err != nil {
 			continue
@@ -249,6 +268,9 @@ func summarize(writes []*write, nodes []*node) *report {
 			}
 			if d := w.delivered[i]; d > 0 {
 				r.delivered = append(r.delivered, d)
+				if end, ok := nodes[i].syncAfter(w.t0.Add(d)); ok {
+					r.synced = append(r.synced, end.Sub(w.t0))
+				}
 			}
 		}
 		if len(mine) > 0 {
@@ -283,6 +305,19 @@ func writeCSV(path string, writes []*write, nodes []*node, churnStart time.Time)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
+// syncAfter returns the end of the node's first sync that began after at.
+func (n *node) syncAfter(at time.Time) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(n.syncs, at, func(s syncRecord, t time.Time) int { return s.end.Compare(t) })
+	for ; i < len(n.syncs); i++ {
+		if s := n.syncs[i]; s.end.Add(-s.took).After(at) {
+			return s.end, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // stats formats the median, p90, p99 and max of ds.
 func stats(ds []time.Duration) string {
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) }
@@ -307,6 +342,8 @@ func (r *report) log(t *testing.T) {
 	t.Logf("FLEET programming latency, fastest node per write: %s", stats(r.first))
 	t.Logf("FLEET programming latency, slowest node per write: %s", stats(r.last))
 	t.Logf("FLEET watch delivery (write sent -> proxier's handler), all pairs: %s", stats(r.delivered))
+	t.Logf("FLEET write sent -> end of the proxier's first sync after delivery (the proxier's own view), all pairs: %s", stats(r.synced))
+	t.Logf("FLEET proxier syncs during the churn (backend Sync): partial %s; full %s", stats(r.partial), stats(r.full))
 	t.Logf("FLEET API write request: %s", stats(r.api))
 	t.Logf("FLEET first sync after start, per node: %s", stats(r.firstSync))
 	t.Logf("FLEET kube-apiserver CPU over the churn: %.2fs (%.1f%% of one CPU); VmRSS=%.1fMB VmHWM=%.1fMB; etcd CPU %.2fs (%.1f%%)",
