@@ -158,6 +158,7 @@ func TestFleet(t *testing.T) {
 	// The proxiers, spread over p.stagger.
 	idle := apiMetrics(t, ctx, cs)
 	began = time.Now()
+	synced := newSyncWait(state, pods, len(nodes))
 	for _, n := range nodes {
 		time.Sleep(time.Until(began.Add(time.Duration(n.i) * p.stagger / time.Duration(len(nodes)))))
 		cp := childParams{Kubeconfig: kubeconfig, NodeName: n.name, NetNS: n.tp.Node1.Path(), MinSync: p.minSync,
@@ -169,6 +170,7 @@ func TestFleet(t *testing.T) {
 			cp.CPUProfile = filepath.Join(dir, n.name+".cpu")
 		}
 		n.start(t, cp)
+		synced.watch(n)
 	}
 	var loops sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx)
@@ -189,7 +191,7 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	t.Cleanup(stop)
-	firstSync := waitProgrammed(t, nodes, state, pods)
+	firstSync := synced.wait(t)
 	t.Logf("FLEET every proxier, started over %v, programmed the %d Services %v after the first started (per node from its start: median %v, max %v)",
 		p.stagger, p.services, time.Since(began).Round(time.Millisecond), pct(firstSync, 50).Round(time.Millisecond), pct(firstSync, 100).Round(time.Millisecond))
 
@@ -415,54 +417,66 @@ func setEndpoint(sl *discoveryv1.EndpointSlice, pod endpoint, nodeName string) {
 	}}
 }
 
-// waitProgrammed waits until every node answers a sample of the Services
-// (every len/20th and the last) from their pods, probing each node on a
-// goroutine of its own every 100 ms, and returns the time from each
-// proxier's start until it did.
-func waitProgrammed(t *testing.T, nodes []*node, state []*svcState, pods []endpoint) []time.Duration {
-	t.Helper()
-	var sample []*svcState
+// syncWait waits for every proxier's first sync: a node counts once it
+// answers a sample of the Services (every len/20th and the last) from
+// their pods. Each node is probed every 100 ms on a goroutine of its own,
+// from its start.
+type syncWait struct {
+	sample   []*svcState
+	pods     []endpoint
+	deadline time.Time
+	took     []time.Duration // per node, from its start
+	errs     chan error
+}
+
+func newSyncWait(state []*svcState, pods []endpoint, nodes int) *syncWait {
+	w := &syncWait{pods: pods, deadline: time.Now().Add(syncLimit), took: make([]time.Duration, nodes), errs: make(chan error, nodes)}
 	step := max(1, len(state)/20)
 	for i := 0; i < len(state); i += step {
-		sample = append(sample, state[i])
+		w.sample = append(w.sample, state[i])
 	}
-	sample = append(sample, state[len(state)-1])
-	out := make([]time.Duration, len(nodes))
-	errs := make(chan error, len(nodes))
-	deadline := time.Now().Add(syncLimit)
-	for i, n := range nodes {
-		go func() {
-			for {
-				if n.exited() {
-					errs <- fmt.Errorf("proxier of %s exited before it synced: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
-					return
-				}
-				ok := true
-				for _, st := range sample {
-					if n.probe(netip.AddrPortFrom(st.ip, servicePortA)) != pods[st.pod].name {
-						ok = false
-						break
-					}
-				}
-				if ok {
-					out[i] = time.Since(n.started)
-					errs <- nil
-					return
-				}
-				if time.Now().After(deadline) {
-					errs <- fmt.Errorf("proxier of %s did not program the Services within %v", n.name, syncLimit)
-					return
-				}
-				time.Sleep(100 * time.Millisecond)
+	w.sample = append(w.sample, state[len(state)-1])
+	return w
+}
+
+// watch probes n from now on until it has synced.
+func (w *syncWait) watch(n *node) {
+	go func() {
+		for {
+			if n.exited() {
+				w.errs <- fmt.Errorf("proxier of %s exited before it synced: %v; log:\n%s", n.name, n.exitErr, tail(n.logPath, 30))
+				return
 			}
-		}()
-	}
-	for range nodes {
-		if err := <-errs; err != nil {
+			ok := true
+			for _, st := range w.sample {
+				if n.probe(netip.AddrPortFrom(st.ip, servicePortA)) != w.pods[st.pod].name {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				w.took[n.i] = time.Since(n.started)
+				w.errs <- nil
+				return
+			}
+			if time.Now().After(w.deadline) {
+				w.errs <- fmt.Errorf("proxier of %s did not program the Services within %v", n.name, syncLimit)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+}
+
+// wait returns each node's time to its first sync, once all have synced.
+func (w *syncWait) wait(t *testing.T) []time.Duration {
+	t.Helper()
+	for range w.took {
+		if err := <-w.errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	return out
+	return w.took
 }
 
 // churn writes p.rate times per second for p.churn (whole seconds):
