@@ -115,7 +115,7 @@ func TestFleet(t *testing.T) {
 	nodes := make([]*node, p.nodes)
 	for i := range nodes {
 		nodes[i] = &node{i: i, name: fmt.Sprintf("fleet-%03d", i), kick: make(chan struct{}, 1), awaiting: map[string]*write{},
-			tp: testnet.New(t, testnet.Options{Node1Pods: 1, Node2Pods: 1})}
+			tp: buildTopology(t)}
 	}
 	pods := []endpoint{
 		{nodes[0].tp.Node1.Pods[0].Name, nodes[0].tp.Node1.Pods[0].IPv4},
@@ -271,6 +271,29 @@ func TestFleet(t *testing.T) {
 	if r.lost > 0 {
 		t.Errorf("%d of %d (write, node) pairs were not programmed within %v", r.lost, len(writes)*len(nodes), observeLimit)
 	}
+}
+
+// buildTopology builds a node's topology and registers its teardown. It
+// tries up to three times: on a loaded machine the kernel is at times
+// slow to make the IPv6 addresses of a new namespace usable, and
+// testnet.Build gives up after 20 s.
+func buildTopology(t *testing.T) *testnet.Topology {
+	t.Helper()
+	var err error
+	for range 3 {
+		var tp *testnet.Topology
+		if tp, err = testnet.Build(testnet.Options{Node1Pods: 1, Node2Pods: 1}); err == nil {
+			t.Cleanup(func() {
+				if err := tp.Close(); err != nil {
+					t.Errorf("testnet teardown: %v", err)
+				}
+			})
+			return tp
+		}
+		t.Logf("%v; again", err)
+	}
+	t.Fatal(err)
+	return nil
 }
 
 // fleetParams are TestFleet's sizes.
