@@ -104,7 +104,8 @@ type childResult struct {
 	FeedSeconds float64 `json:",omitempty"`
 	SyncSeconds float64 `json:",omitempty"`
 	// SyncCPUSeconds is the CPU time (user and system, every thread)
-	// the proxier process spent in its first sync.
+	// the proxier process spent in its first sync; not that of programs
+	// it runs (iptables-restore).
 	SyncCPUSeconds float64 `json:",omitempty"`
 	// ChangesNS are the endpoint change latencies.
 	ChangesNS []int64 `json:",omitempty"`

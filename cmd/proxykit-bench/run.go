@@ -237,8 +237,12 @@ func (r *runner) label(name string) string {
 func (c *Case) summary() string {
 	switch c.Status {
 	case "ok":
-		return fmt.Sprintf("sync %.3fs (CPU %.3fs), peak RSS %.0f MB, change %.2f/%.2f ms (n=%d), connect %.0f/%.0f µs (n=%d), %.0fs in all",
-			c.SyncSeconds, c.SyncCPUSeconds, c.PeakRSSMB, c.Change.Median, c.Change.P99, c.Change.N, c.Connect.Median, c.Connect.P99, c.Connect.N, c.ElapsedSeconds)
+		cpu := ""
+		if c.Kind == "backend" {
+			cpu = fmt.Sprintf(" (CPU %.3fs)", c.SyncCPUSeconds)
+		}
+		return fmt.Sprintf("sync %.3fs%s, peak RSS %.0f MB, change %.2f/%.2f ms (n=%d), connect %.0f/%.0f µs (n=%d), %.0fs in all",
+			c.SyncSeconds, cpu, c.PeakRSSMB, c.Change.Median, c.Change.P99, c.Change.N, c.Connect.Median, c.Connect.P99, c.Connect.N, c.ElapsedSeconds)
 	case "":
 		return "?"
 	}
