@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -72,9 +73,10 @@ func Choose(legacy, nft Counts) Flavour {
 
 // Detect returns the flavour of iptables the namespace uses, as kube-proxy
 // decides: it counts both flavours' hint chains and rules of both
-// families and [Choose]s. The nft flavour's chains are listed over
-// netlink; its rule sets are read (with *-save, slow at scale) only when
-// no flavour has a hint chain. prefixes name the caller's own chains, e.g. "PROXYKIT". When
+// families and [Choose]s. When the legacy flavour has no hint chain and
+// the nft one has kubelet's or <prefix>-CANARY (looked up by name over
+// netlink), the nft flavour's rule sets, slow to read at scale, are not
+// read: it wins either way. prefixes name the caller's own chains, e.g. "PROXYKIT". When
 // only one flavour is installed that one is used; when none is, the error
 // is a [*MissingError].
 //
@@ -83,11 +85,11 @@ func Choose(legacy, nft Counts) Flavour {
 func Detect(ctx context.Context, ns *netns.NS, prefixes ...string) (Flavour, error) {
 	avail := map[Flavour]bool{}
 	counts := map[Flavour]Counts{}
-	// The nft flavour's hint chains are counted from the chain lists of
-	// its tables over netlink, which takes milliseconds where its *-save
-	// reads and prints every rule (over 30 s at 30,000 services); its
-	// rules are counted only when no flavour has a hint chain.
-	nftHints, nftListed := nftHintCount(ctx, ns, prefixes)
+	// When the legacy flavour has no hint chain, one in the nft flavour
+	// decides for it: looked up by name over netlink, which takes
+	// milliseconds where its *-save reads and prints every rule (over
+	// 30 s at 30,000 services).
+	nftHint := nftHasHint(ctx, ns, prefixes)
 	for _, fl := range []Flavour{Legacy, NFT} {
 		for _, f := range []model.IPFamily{model.IPv4, model.IPv6} {
 			name := baseName(f) + "-" + string(fl) + "-save"
@@ -96,8 +98,8 @@ func Detect(ctx context.Context, ns *netns.NS, prefixes ...string) (Flavour, err
 				continue
 			}
 			avail[fl] = true
-			if fl == NFT && nftListed && (nftHints > 0 || counts[Legacy].Hints > 0) {
-				counts[NFT] = Counts{Hints: nftHints}
+			if fl == NFT && nftHint && counts[Legacy].Hints == 0 {
+				counts[NFT] = Counts{Hints: 1} // at least; enough for Choose
 				continue
 			}
 			r := &Runner{ns: ns}
@@ -136,30 +138,28 @@ func Detect(ctx context.Context, ns *netns.NS, prefixes ...string) (Flavour, err
 	return v.Flavour, nil
 }
 
-// iptablesTables are the tables iptables-nft-save lists.
-var iptablesTables = []string{"raw", "mangle", "nat", "filter", "security"}
-
-// nftHintCount counts the hint chains (see [CountSave]) of the nft
-// flavour's tables of both families, listing their chains over netlink.
-// ok is false when they could not be listed.
-func nftHintCount(ctx context.Context, ns *netns.NS, prefixes []string) (hints int, ok bool) {
+// nftHasHint reports whether the nft flavour's tables of either family
+// hold one of kubelet's hint chains (mangle, nat, filter) or, for a
+// prefix, the <prefix>-CANARY chain the iptables backend keeps in nat
+// and filter, looking each up by name.
+func nftHasHint(ctx context.Context, ns *netns.NS, prefixes []string) bool {
 	c, err := nftnl.Dial(ns)
 	if err != nil {
-		return 0, false
+		return false
 	}
 	defer c.Close()
 	for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
-		for _, t := range iptablesTables {
-			names, _, err := c.Chains(ctx, fam, t)
-			if err != nil {
-				return 0, false
+		for _, t := range []string{"mangle", "nat", "filter"} {
+			names := slices.Clone(hintChains)
+			for _, p := range prefixes {
+				names = append(names, p+"-CANARY")
 			}
-			var save []byte
 			for _, n := range names {
-				save = append(save, ":"+n+" - [0:0]\n"...)
+				if ok, err := c.ChainExists(ctx, fam, t, n); err == nil && ok {
+					return true
+				}
 			}
-			hints += CountSave(save, prefixes...).Hints
 		}
 	}
-	return hints, true
+	return false
 }

@@ -255,6 +255,28 @@ func (c *NetlinkConn) TableExists(ctx context.Context, proto byte, table string)
 	return found, nil
 }
 
+// ChainExists reports whether the table holds the chain: one GETCHAIN
+// of that chain, which costs the same however many chains the table
+// holds (a dump of them does not).
+func (c *NetlinkConn) ChainExists(ctx context.Context, proto byte, table, chain string) (bool, error) {
+	found := false
+	errno, err := c.query(ctx, unix.NFT_MSG_GETCHAIN, unix.NLM_F_ACK, proto,
+		func(b *Batch) {
+			b.str(unix.NFTA_CHAIN_TABLE, table)
+			b.str(unix.NFTA_CHAIN_NAME, chain)
+		},
+		func(typ uint16, _ []byte) { found = found || typ == nftSubsys|unix.NFT_MSG_NEWCHAIN })
+	switch {
+	case err != nil:
+		return false, err
+	case errno == unix.ENOENT:
+		return false, nil
+	case errno != 0:
+		return false, errno
+	}
+	return found, nil
+}
+
 // Chains implements [Conn].
 func (c *NetlinkConn) Chains(ctx context.Context, proto byte, table string) (names []string, exists bool, err error) {
 	if exists, err = c.TableExists(ctx, proto, table); err != nil || !exists {

@@ -161,3 +161,23 @@ func TestKernelDeleteTableIfEmpty(t *testing.T) {
 		t.Errorf("List of a missing table: %v", err)
 	}
 }
+
+// TestKernelChainExists looks a chain up by name: present, absent, and in
+// a table that does not exist.
+func TestKernelChainExists(t *testing.T) {
+	c := testConn(t)
+	tx := NewBatch(unix.NFPROTO_IPV4, "t")
+	tx.AddTable()
+	tx.AddChain("here", nil)
+	if err := c.Commit(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		table, chain string
+		want         bool
+	}{{"t", "here", true}, {"t", "gone", false}, {"none", "here", false}} {
+		if got, err := c.ChainExists(t.Context(), unix.NFPROTO_IPV4, tc.table, tc.chain); err != nil || got != tc.want {
+			t.Errorf("chain %s of table %s: %v, %v; want %v", tc.chain, tc.table, got, err, tc.want)
+		}
+	}
+}
