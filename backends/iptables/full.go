@@ -33,7 +33,14 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	// check them first elsewhere.
 	var have [numTables]map[string]bool
 	jumps := [numTables]jumpMode{jumpsCheck, jumpsCheck}
-	saved := "" // the fingerprint our nat chains hold, as *-save lists it
+	saved := ""                    // the fingerprint our nat chains hold, as *-save lists it
+	var listed map[string][]string // the nft flavour's chains by table
+	if prev == nil {
+		var err error
+		if listed, _, err = b.run.Chains(ctx); err != nil {
+			return fmt.Errorf("iptables: full sync: %w", err)
+		}
+	}
 	for t := range numTables {
 		var chains []string
 		if prev != nil {
@@ -42,7 +49,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			var err error
 			var targets bool
 			var fp string
-			if chains, targets, fp, err = b.kernelChains(ctx, t); err != nil {
+			if chains, targets, fp, err = b.kernelChains(ctx, t, listed); err != nil {
 				return fmt.Errorf("iptables: full sync: %w", err)
 			}
 			if !targets {
@@ -341,17 +348,14 @@ func staleChains(have map[string]bool, want map[model.ServicePortName]*tableRule
 }
 
 // kernelChains returns the per-service chains of ours in table t (what an
-// earlier process left: listed over netlink in the nft flavour, read from
-// *-save in the legacy one), whether the table holds every chain of ours
+// earlier process left: in listed, the nft flavour's chains by table as
+// [iptables.Runner.Chains] lists them, or read from *-save when listed is
+// nil), whether the table holds every chain of ours
 // that a built-in chain jumps to (so that the jumps may exist), and, for
 // nat, the comment of the fingerprint rule if there is one.
-func (b *backend) kernelChains(ctx context.Context, t table) (chains []string, targets bool, fingerprint string, err error) {
-	names, listed, err := b.run.Chains(ctx, t.String())
-	if err != nil {
-		return nil, false, "", err
-	}
+func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][]string) (chains []string, targets bool, fingerprint string, err error) {
 	var out []byte
-	if listed {
+	if listed != nil {
 		// The nft flavour: the chain list over netlink, and the
 		// fingerprint rule alone (iptables -S of one chain reads that
 		// chain only), instead of *-save of the whole table.
@@ -362,7 +366,7 @@ func (b *backend) kernelChains(ctx context.Context, t table) (chains []string, t
 				return nil, false, "", err
 			}
 		}
-		for _, n := range names {
+		for _, n := range listed[t.String()] {
 			out = append(out, ":"+n+" - [0:0]\n"...)
 		}
 	} else if out, err = b.run.Save(ctx, t.String()); err != nil {

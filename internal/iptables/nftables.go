@@ -51,13 +51,13 @@ func (r *Runner) DeleteTableIfEmpty(ctx context.Context, table string) (bool, er
 	return false, fmt.Errorf("delete nf_tables table %s: %w", table, err)
 }
 
-// Chains returns the names of the chains of table (e.g. "nat") read over
-// netlink, for the nft flavour, whose tables are nf_tables tables: a
-// dump of the chains alone, where *-save reads and prints every rule of
-// every table (over a minute at 30,000 services). ok is false for the
-// legacy flavour, which has no such list. A table that does not exist has
-// no chains.
-func (r *Runner) Chains(ctx context.Context, table string) (names []string, ok bool, err error) {
+// Chains returns the names of the chains of each table (e.g. "nat") of
+// the runner's family, read over netlink in one dump, for the nft
+// flavour, whose tables are nf_tables tables: a dump of the chains alone,
+// where *-save reads and prints every rule of every table (over a minute
+// at 30,000 services). ok is false for the legacy flavour, which has no
+// such list.
+func (r *Runner) Chains(ctx context.Context) (byTable map[string][]string, ok bool, err error) {
 	if r.tools.Flavour != NFT {
 		return nil, false, nil
 	}
@@ -67,12 +67,12 @@ func (r *Runner) Chains(ctx context.Context, table string) (names []string, ok b
 	}
 	c, err := nftnl.Dial(r.ns)
 	if err != nil {
-		return nil, true, fmt.Errorf("list chains of %s: %w", table, err)
+		return nil, true, fmt.Errorf("list chains: %w", err)
 	}
 	defer c.Close()
-	names, _, err = c.Chains(ctx, fam, table)
+	byTable, err = c.ChainsByTable(ctx, fam)
 	if err != nil {
-		return nil, true, fmt.Errorf("list chains of %s: %w", table, err)
+		return nil, true, fmt.Errorf("list chains: %w", err)
 	}
-	return names, true, nil
+	return byTable, true, nil
 }

@@ -277,6 +277,36 @@ func (c *NetlinkConn) ChainExists(ctx context.Context, proto byte, table, chain 
 	return found, nil
 }
 
+// ChainsByTable returns the names of the chains of every table of family
+// proto, by table: one dump, where [NetlinkConn.Chains] of each table
+// costs a dump of the family's chains each (the kernel walks all of them
+// for each).
+func (c *NetlinkConn) ChainsByTable(ctx context.Context, proto byte) (map[string][]string, error) {
+	out := map[string][]string{}
+	var derr error
+	errno, err := c.query(ctx, unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, proto, func(*Batch) {},
+		func(typ uint16, attrs []byte) {
+			if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || typ&0xff != unix.NFT_MSG_NEWCHAIN {
+				return
+			}
+			m, err := decodeMessage(typ&0xff, 0, proto, attrs)
+			if err != nil {
+				derr = errors.Join(derr, err)
+				return
+			}
+			out[m.Table] = append(out[m.Table], m.Name)
+		})
+	switch {
+	case err != nil:
+		return nil, err
+	case derr != nil:
+		return nil, derr
+	case errno != 0:
+		return nil, errno
+	}
+	return out, nil
+}
+
 // Chains implements [Conn].
 func (c *NetlinkConn) Chains(ctx context.Context, proto byte, table string) (names []string, exists bool, err error) {
 	if exists, err = c.TableExists(ctx, proto, table); err != nil || !exists {

@@ -163,7 +163,7 @@ func TestKernelDeleteTableIfEmpty(t *testing.T) {
 }
 
 // TestKernelChainExists looks a chain up by name: present, absent, and in
-// a table that does not exist.
+// a table that does not exist; ChainsByTable lists them all.
 func TestKernelChainExists(t *testing.T) {
 	c := testConn(t)
 	tx := NewBatch(unix.NFPROTO_IPV4, "t")
@@ -171,6 +171,17 @@ func TestKernelChainExists(t *testing.T) {
 	tx.AddChain("here", nil)
 	if err := c.Commit(t.Context(), tx); err != nil {
 		t.Fatal(err)
+	}
+	tx = NewBatch(unix.NFPROTO_IPV4, "u")
+	tx.AddTable()
+	tx.AddChain("a", nil)
+	tx.AddChain("b", nil)
+	if err := c.Commit(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	byTable, err := c.ChainsByTable(t.Context(), unix.NFPROTO_IPV4)
+	if err != nil || !cmp.Equal(byTable, map[string][]string{"t": {"here"}, "u": {"a", "b"}}) {
+		t.Errorf("ChainsByTable: %v, %v", byTable, err)
 	}
 	for _, tc := range []struct {
 		table, chain string
