@@ -102,20 +102,7 @@ func newEnv(t *testing.T, backend string, opts envOptions) *env {
 	e.cluster = testcluster.Start(t, testcluster.Options{})
 	e.cs = e.cluster.Client(t)
 
-	applied, err := testcluster.ApplyRBAC(ctx, e.cs, manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sa []string
-	for _, a := range applied {
-		if s, ok := strings.CutPrefix(a, "ServiceAccount "); ok {
-			sa = strings.Split(s, "/")
-		}
-	}
-	if len(sa) != 2 {
-		t.Fatalf("%s: no ServiceAccount among %q", manifest, applied)
-	}
-	kubeconfig := e.cluster.ServiceAccountKubeconfig(t, sa[0], sa[1])
+	kubeconfig := e.cluster.ManifestKubeconfig(t, manifest)
 	e.checkNotAdmin(kubeconfig)
 
 	if _, err := e.cs.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {

@@ -142,20 +142,7 @@ func newSideBySide(t *testing.T, mode string) *sideBySide {
 func (s *sideBySide) serviceAccount() string {
 	t := s.t
 	t.Helper()
-	applied, err := testcluster.ApplyRBAC(s.ctx, s.cs, manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sa []string
-	for _, a := range applied {
-		if n, ok := strings.CutPrefix(a, "ServiceAccount "); ok {
-			sa = strings.Split(n, "/")
-		}
-	}
-	if len(sa) != 2 {
-		t.Fatalf("%s: no ServiceAccount among %q", manifest, applied)
-	}
-	kubeconfig := s.cluster.ServiceAccountKubeconfig(t, sa[0], sa[1])
+	kubeconfig := s.cluster.ManifestKubeconfig(t, manifest)
 	s.checkNotAdmin(kubeconfig)
 	return kubeconfig
 }

@@ -125,20 +125,7 @@ func TestFleet(t *testing.T) {
 
 	cluster := testcluster.Start(t, testcluster.Options{})
 	cs := adminClient(t, cluster)
-	applied, err := testcluster.ApplyRBAC(ctx, cs, manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sa []string
-	for _, a := range applied {
-		if s, ok := strings.CutPrefix(a, "ServiceAccount "); ok {
-			sa = strings.Split(s, "/")
-		}
-	}
-	if len(sa) != 2 {
-		t.Fatalf("%s: no ServiceAccount among %q", manifest, applied)
-	}
-	kubeconfig := cluster.ServiceAccountKubeconfig(t, sa[0], sa[1])
+	kubeconfig := cluster.ManifestKubeconfig(t, manifest)
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fleetNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,4 +213,29 @@ func applied(tm metav1.TypeMeta, m *metav1.ObjectMeta, err error) (string, error
 		return tm.Kind + " " + m.Name, nil
 	}
 	return tm.Kind + " " + m.Namespace + "/" + m.Name, nil
+}
+
+// ManifestKubeconfig applies the RBAC of manifest ([ApplyRBAC], as admin)
+// and returns a kubeconfig holding a token of the one ServiceAccount it
+// defines ([Cluster.ServiceAccountKubeconfig]): a program under test then
+// runs with the rights the manifest grants it. It fails the test if the
+// manifest cannot be applied or defines no ServiceAccount.
+func (c *Cluster) ManifestKubeconfig(tb testing.TB, manifest string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	applied, err := ApplyRBAC(ctx, c.Client(tb), manifest)
+	if err != nil {
+		tb.Fatalf("testcluster: %v", err)
+	}
+	var sa []string
+	for _, a := range applied {
+		if s, ok := strings.CutPrefix(a, "ServiceAccount "); ok {
+			sa = strings.Split(s, "/")
+		}
+	}
+	if len(sa) != 2 {
+		tb.Fatalf("testcluster: %s: no ServiceAccount among %q", manifest, applied)
+	}
+	return c.ServiceAccountKubeconfig(tb, sa[0], sa[1])
 }
