@@ -79,7 +79,10 @@
 // remote endpoint with externalTrafficPolicy Cluster, connection
 // tracking and reverse NAT in LRU maps, forwarding with bpf_fib_lookup
 // and bpf_redirect_neigh, ICMP port unreachable for services without
-// endpoints, drop for Local without a local endpoint. Programs attach
+// endpoints, drop for Local without a local endpoint, ICMP
+// fragmentation needed for a packet too big for the route, and ICMP
+// errors about tracked flows translated as conntrack translates related
+// packets. Programs attach
 // with tcx links (kernel 6.6+) or a clsact qdisc and a cls_bpf filter,
 // at every sync to the interfaces present then, known by index: an
 // interface deleted and created again gets its program at the next

@@ -28,26 +28,22 @@
 
 #include "nodeport.h"
 
-/* forward sends a translated packet (whose tuple was p's, now n's)
+/* forward sends a translated packet (whose tuple was p's, now n's;
+ * rc and f are the route lookup from n's source to its destination)
  * out of the interface its route names: with the neighbour's address
  * when the kernel knows it, else resolving it (bpf_redirect_neigh).
  * Anything else (a local destination, no route, a TTL about to
- * expire) goes to the stack, which forwards or answers it. */
-static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
+ * expire, a packet the route's MTU cannot take whole) goes to the
+ * stack, which forwards, fragments or answers it. */
+static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, long rc, struct bpf_fib_lookup *f)
 {
-	struct bpf_fib_lookup f;
-	long rc;
-
-	if (p->ttl <= 1)
-		return TC_ACT_OK;
-	rc = fib(skb, p, n->saddr, n->daddr, &f);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		if (dec_ttl(skb, p))
 			return TC_ACT_SHOT;
-		if (bpf_skb_store_bytes(skb, 0, f.dmac, ETH_ALEN, 0) ||
-		    bpf_skb_store_bytes(skb, ETH_ALEN, f.smac, ETH_ALEN, 0))
+		if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) ||
+		    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0))
 			return TC_ACT_SHOT;
-		return bpf_redirect(f.ifindex, 0);
+		return bpf_redirect(f->ifindex, 0);
 	}
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		struct bpf_redir_neigh nh = {};
@@ -55,31 +51,57 @@ static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, c
 		if (dec_ttl(skb, p))
 			return TC_ACT_SHOT;
 		/* On return, the lookup's destination is the next hop. */
-		if (f.family == AF_INET6) {
+		if (f->family == AF_INET6) {
 			nh.nh_family = AF_INET6;
-			copy16(nh.ipv6_nh, f.ipv6_dst);
+			copy16(nh.ipv6_nh, f->ipv6_dst);
 		} else {
 			nh.nh_family = AF_INET;
-			nh.ipv4_nh = f.ipv4_dst;
+			nh.ipv4_nh = f->ipv4_dst;
 		}
-		return bpf_redirect_neigh(f.ifindex, &nh, sizeof(nh), 0);
+		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
 	}
 	return TC_ACT_OK;
 }
 
-/* translate rewrites p to n and forwards it. */
-static __always_inline int translate(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
+/* route looks up the route of p translated to n (none when its TTL is
+ * about to expire). */
+static __always_inline long route(struct __sk_buff *skb, const struct pkt *p, const struct nat *n,
+				  struct bpf_fib_lookup *f)
 {
-	if (rewrite(skb, p, n))
-		return TC_ACT_SHOT;
-	return forward(skb, p, n);
+	if (p->ttl <= 1)
+		return -1;
+	return fib(skb, p, n->saddr, n->daddr, f, 1);
 }
 
-#define IPPROTO_ICMP 1
-#define IPPROTO_ICMPV6 58
+static __always_inline int too_big(struct __sk_buff *skb, const struct pkt *p, __u32 mtu);
+
+/* translate rewrites p to n and forwards it. A packet too big for the
+ * route that may not be fragmented (IPv4 with DF, any IPv6) is answered,
+ * untranslated, with ICMP fragmentation needed or ICMPv6 packet too
+ * big, as the stack answers a packet it cannot forward: the sender
+ * learns the path's MTU for its own tuple (a GSO packet is left to the
+ * stack, which segments it). */
+static __always_inline int translate(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
+{
+	struct bpf_fib_lookup f;
+	long rc = route(skb, p, n, &f);
+
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && skb->gso_segs <= 1 && (p->v6 || p->df))
+		return too_big(skb, p, f.mtu_result);
+	if (rewrite(skb, p, n))
+		return TC_ACT_SHOT;
+	return forward(skb, p, rc, &f);
+}
+
 #define ICMP_DEST_UNREACH 3
 #define ICMP_PORT_UNREACH 3
+#define ICMP_FRAG_NEEDED 4
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_PARAMETERPROB 12
 #define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PKT_TOOBIG 2
+#define ICMPV6_TIME_EXCEED 3
+#define ICMPV6_PARAMPROB 4
 #define ICMPV6_PORT_UNREACH 4
 
 static __always_inline __u16 csum_fold(__s64 sum)
@@ -91,7 +113,7 @@ static __always_inline __u16 csum_fold(__s64 sum)
 	return (__u16)~c;
 }
 
-/* reply_eth turns the Ethernet header around: the reject goes back to
+/* reply_eth turns the Ethernet header around: the error goes back to
  * the neighbour the packet came from. */
 static __always_inline int reply_eth(struct __sk_buff *skb, __be16 proto)
 {
@@ -105,17 +127,18 @@ static __always_inline int reply_eth(struct __sk_buff *skb, __be16 proto)
 	return bpf_skb_store_bytes(skb, 0, out, sizeof(out), 0);
 }
 
-/* reject4 turns an IPv4 packet without options into an ICMP port
- * unreachable error from its destination to its source, quoting its IP
- * header and the first 8 bytes of its TCP or UDP header. */
-static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
+/* error4 turns an IPv4 packet without options into an ICMP error (type,
+ * code and the header's second word, rest) from its destination to its
+ * source, quoting its IP header and the first 8 bytes of its TCP or UDP
+ * header, and sends it back where it came from. */
+static __always_inline int error4(struct __sk_buff *skb, const struct pkt *p, __u8 type, __u8 code, __be32 rest)
 {
 	struct {
 		__u8 type, code;
 		__sum16 check;
-		__u32 unused;
+		__be32 rest;
 		__u32 quote[7]; /* IP header and 8 bytes */
-	} icmp = { .type = ICMP_DEST_UNREACH, .code = ICMP_PORT_UNREACH };
+	} icmp = { .type = type, .code = code, .rest = rest };
 	struct iphdr4 ip = {
 		.ver_ihl = 0x45,
 		.tot_len = bpf_htons(sizeof(ip) + sizeof(icmp)),
@@ -139,16 +162,16 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 	return bpf_redirect(skb->ingress_ifindex, 0);
 }
 
-/* reject6 is reject4 for IPv6: ICMPv6 port unreachable, quoting the IPv6
- * header and the first 8 bytes of the TCP or UDP header. */
-static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
+/* error6 is error4 for IPv6: an ICMPv6 error quoting the IPv6 header
+ * and the first 8 bytes of the TCP or UDP header. */
+static __always_inline int error6(struct __sk_buff *skb, const struct pkt *p, __u8 type, __u8 code, __be32 rest)
 {
 	struct {
 		__u8 type, code;
 		__sum16 check;
-		__u32 unused;
+		__be32 rest;
 		__u32 quote[12]; /* IPv6 header and 8 bytes */
-	} icmp = { .type = ICMPV6_DEST_UNREACH, .code = ICMPV6_PORT_UNREACH };
+	} icmp = { .type = type, .code = code, .rest = rest };
 	struct iphdr6 ip = {
 		.ver_tc_flow = bpf_htonl(0x60000000),
 		.payload_len = bpf_htons(sizeof(icmp)),
@@ -181,7 +204,145 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 /* reject answers with ICMP or ICMPv6 port unreachable. */
 static __always_inline int reject(struct __sk_buff *skb, const struct pkt *p)
 {
-	return p->v6 ? reject6(skb, p) : reject4(skb, p);
+	if (p->v6)
+		return error6(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0);
+	return error4(skb, p, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0);
+}
+
+/* too_big answers with ICMP fragmentation needed or ICMPv6 packet too
+ * big, naming the route's MTU. */
+static __always_inline int too_big(struct __sk_buff *skb, const struct pkt *p, __u32 mtu)
+{
+	if (p->v6)
+		return error6(skb, p, ICMPV6_PKT_TOOBIG, 0, bpf_htonl(mtu));
+	return error4(skb, p, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, bpf_htonl(mtu & 0xffff));
+}
+
+/* is_error reports whether an ICMP (ICMPv6 with v6) type is an error
+ * that quotes the packet it is about. */
+static __always_inline int is_error(__u8 type, int v6)
+{
+	if (v6)
+		return type == ICMPV6_DEST_UNREACH || type == ICMPV6_PKT_TOOBIG || type == ICMPV6_TIME_EXCEED ||
+		       type == ICMPV6_PARAMPROB;
+	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED || type == ICMP_PARAMETERPROB;
+}
+
+/* set_addr writes address a at off: 4 bytes (the last word) for IPv4,
+ * 16 for IPv6; the checksum at csum (if any) covers it (l3: an IPv4
+ * header's; else an ICMP one's, flags BPF_F_PSEUDO_HDR when the address
+ * is in its pseudo-header). */
+static __always_inline int set_addr(struct __sk_buff *skb, __u32 off, const __be32 old[4], const __be32 new[4], int v6,
+				    __u32 csum, int l3, __u64 flags)
+{
+	__be32 o[4], n[4];
+	__u32 len = v6 ? 16 : 4;
+	__s64 diff;
+
+	if (same16(old, new))
+		return 0;
+	copy16(o, old);
+	copy16(n, new);
+	diff = v6 ? bpf_csum_diff(o, 16, n, 16, 0) : bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
+	if (diff < 0)
+		return -1;
+	if (csum && (l3 ? bpf_l3_csum_replace(skb, csum, 0, diff, 0) : bpf_l4_csum_replace(skb, csum, 0, diff, flags)))
+		return -1;
+	return bpf_skb_store_bytes(skb, off, v6 ? (void *)n : (void *)&n[3], len, 0);
+}
+
+/* related translates an ICMP error about a packet of a tracked flow,
+ * as conntrack translates a related packet, and forwards it. The error
+ * quotes the packet as it was sent: either a packet of the flow toward
+ * its endpoint (translated; the error comes from the endpoint's side
+ * and goes to the client) or a reply toward the client (translated
+ * back; the error comes from the client's side and goes to the
+ * endpoint). The quoted packet's addresses and ports become those the
+ * other side sent or saw, and the error's own addresses those of a
+ * packet of the flow in its direction. The quoted TCP or UDP checksum
+ * is left as it is (receivers do not check it); the quoted IPv4
+ * header's is fixed, which leaves the ICMP checksum as it is. */
+static __always_inline int related(struct __sk_buff *skb, struct pkt *p)
+{
+	__u8 type;
+	__u32 in = p->l4off + 8; /* the quoted packet */
+	__u32 icsum = p->l4off + 2;
+	__u32 inl4, sa, da;
+	struct tuple k = { .pad = { 0, 0, 0 } };
+	struct nat to, *n;
+	__be16 ports[2];
+
+	if (bpf_skb_load_bytes(skb, p->l4off, &type, 1) || !is_error(type, p->v6))
+		return TC_ACT_UNSPEC;
+	/* k: the reverse of the quoted packet's tuple. */
+	if (p->v6) {
+		struct iphdr6 h;
+
+		if (bpf_skb_load_bytes(skb, in, &h, sizeof(h)))
+			return TC_ACT_UNSPEC;
+		copy16(k.daddr, h.saddr);
+		copy16(k.saddr, h.daddr);
+		k.proto = h.nexthdr;
+		inl4 = in + sizeof(h);
+		sa = in + 8;
+		da = in + 24;
+	} else {
+		struct iphdr4 h;
+
+		if (bpf_skb_load_bytes(skb, in, &h, sizeof(h)) || (h.ver_ihl & 0xf) < 5)
+			return TC_ACT_UNSPEC;
+		set_mapped(k.daddr, h.saddr);
+		set_mapped(k.saddr, h.daddr);
+		k.proto = h.proto;
+		inl4 = in + (h.ver_ihl & 0xf) * 4;
+		sa = in + 12;
+		da = in + 16;
+	}
+	if ((k.proto != IPPROTO_TCP && k.proto != IPPROTO_UDP) || bpf_skb_load_bytes(skb, inl4, ports, sizeof(ports)))
+		return TC_ACT_UNSPEC;
+	k.dport = ports[0];
+	k.sport = ports[1];
+	/* The quoted packet went to the endpoint: k is its reply's tuple,
+	 * whose rewrite (the frontend to the client) is what the quoted
+	 * packet was before translation, turned around. Else it was a
+	 * reply to the client: k is its flow's tuple, whose rewrite (the
+	 * flow's SNAT source to the endpoint) is the reply as the endpoint
+	 * sent it, turned around. */
+	n = bpf_map_lookup_elem(&pk_nsrev, &k);
+	if (!n)
+		n = bpf_map_lookup_elem(&pk_nsct, &k);
+	if (!n)
+		return TC_ACT_UNSPEC;
+	to = *n;
+	/* to: the quoted packet's new destination (saddr, sport) and source
+	 * (daddr, dport). */
+	__be32 qs[4], qd[4];
+	copy16(qs, k.daddr);
+	copy16(qd, k.saddr);
+	if (set_addr(skb, sa, qs, to.daddr, p->v6, p->v6 ? icsum : in + 10, !p->v6, 0) ||
+	    set_addr(skb, da, qd, to.saddr, p->v6, p->v6 ? icsum : in + 10, !p->v6, 0))
+		return TC_ACT_SHOT;
+	if (ports[0] != to.dport &&
+	    (bpf_l4_csum_replace(skb, icsum, ports[0], to.dport, sizeof(__be16)) ||
+	     bpf_skb_store_bytes(skb, inl4, &to.dport, sizeof(__be16), 0)))
+		return TC_ACT_SHOT;
+	if (ports[1] != to.sport &&
+	    (bpf_l4_csum_replace(skb, icsum, ports[1], to.sport, sizeof(__be16)) ||
+	     bpf_skb_store_bytes(skb, inl4 + 2, &to.sport, sizeof(__be16), 0)))
+		return TC_ACT_SHOT;
+	/* The error itself: from the quoted packet's new destination to its
+	 * new source. */
+	struct nat out = {};
+	copy16(out.saddr, to.saddr);
+	copy16(out.daddr, to.daddr);
+	__u32 osa = p->v6 ? ETH_HLEN + 8 : ETH_HLEN + 12;
+	__u32 oda = p->v6 ? ETH_HLEN + 24 : ETH_HLEN + 16;
+	if (set_addr(skb, osa, p->t.saddr, out.saddr, p->v6, p->v6 ? icsum : ETH_HLEN + 10, !p->v6, BPF_F_PSEUDO_HDR) ||
+	    set_addr(skb, oda, p->t.daddr, out.daddr, p->v6, p->v6 ? icsum : ETH_HLEN + 10, !p->v6, BPF_F_PSEUDO_HDR))
+		return TC_ACT_SHOT;
+	struct bpf_fib_lookup f;
+	long rc = route(skb, p, &out, &f);
+	return forward(skb, p, rc, &f);
 }
 
 /* pk_tc_ext: the ingress of the node's external interfaces. */

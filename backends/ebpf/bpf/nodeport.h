@@ -38,8 +38,10 @@
 
 #define AF_INET 2
 #define AF_INET6 10
+#define IPPROTO_ICMP 1
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
+#define IPPROTO_ICMPV6 58
 
 /* The first and last source port of SNATed flows (load-time
  * constants, Config.NorthSouthSNATPorts): by default outside the node's
@@ -252,6 +254,7 @@ struct iphdr6 {
 	__be32 daddr[4];
 };
 
+#define IP_DF 0x4000
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
 
@@ -266,6 +269,8 @@ struct pkt {
 	__u8 tcpflags; /* the TCP header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10) */
 	__be32 flow; /* IPv6 flow info */
 	__u16 len;   /* length from the IP header on */
+	__u8 df;     /* IPv4: don't fragment */
+	__u8 pad;
 };
 
 /* translate rewrites p to n and sends it on (the including file's). */
@@ -274,6 +279,11 @@ static __always_inline int translate(CTX *ctx, const struct pkt *p, const struct
 /* reject answers p, to a frontend without endpoints, with ICMP port
  * unreachable (the including file's). */
 static __always_inline int reject(CTX *ctx, const struct pkt *p);
+
+/* related translates p, an ICMP or ICMPv6 packet, when it is an error
+ * about a packet of a tracked flow, as conntrack translates a related
+ * packet (the including file's). */
+static __always_inline int related(CTX *ctx, struct pkt *p);
 
 
 static __always_inline void set_mapped(__be32 a[4], __be32 v4)
@@ -292,10 +302,16 @@ static __always_inline void copy16(__be32 d[4], const __be32 s[4])
 	d[3] = s[3];
 }
 
+/* parse_l4 fills p's ports; 1 for ICMP (ICMPv6 for IPv6), which
+ * related() looks at, -1 for other protocols. */
 static __always_inline int parse_l4(CTX *ctx, struct pkt *p, __u8 proto)
 {
 	__be16 ports[2];
 
+	if (proto == (p->v6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
+		p->t.proto = proto;
+		return 1;
+	}
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return -1;
 	if (pk_load(ctx, p->l4off, ports, sizeof(ports)))
@@ -309,7 +325,8 @@ static __always_inline int parse_l4(CTX *ctx, struct pkt *p, __u8 proto)
 	return 0;
 }
 
-/* parse fills p from ctx; -1 for a packet the programs leave alone. */
+/* parse fills p from ctx; -1 for a packet the programs leave alone, 1
+ * for an ICMP one (parse_l4). */
 static __always_inline int parse(CTX *ctx, struct pkt *p)
 {
 	__be16 proto = pk_proto(ctx);
@@ -324,6 +341,7 @@ static __always_inline int parse(CTX *ctx, struct pkt *p)
 		if (h.frag_off & bpf_htons(IP_MF | IP_OFFSET))
 			return -1;
 		p->v6 = 0;
+		p->df = !!(h.frag_off & bpf_htons(IP_DF));
 		p->ttl = h.ttl;
 		p->tos = h.tos;
 		p->len = bpf_ntohs(h.tot_len);
@@ -435,14 +453,16 @@ static __always_inline int dec_ttl(CTX *ctx, const struct pkt *p)
 }
 
 /* fib looks up the route of a packet from src to dst (ports and
- * protocol of p) arriving on the packet's interface. */
+ * protocol of p) arriving on the packet's interface: with mtu, whether
+ * p's length fits the route's MTU (BPF_FIB_LKUP_RET_FRAG_NEEDED when
+ * not, without the interface). */
 static __always_inline long fib(CTX *ctx, const struct pkt *p, const __be32 src[4], const __be32 dst[4],
-				struct bpf_fib_lookup *f)
+				struct bpf_fib_lookup *f, int mtu)
 {
 	__builtin_memset(f, 0, sizeof(*f));
 	f->ifindex = pk_ingress(ctx);
 	f->l4_protocol = p->t.proto;
-	f->tot_len = p->len;
+	f->tot_len = mtu ? p->len : 0;
 	if (p->v6) {
 		f->family = AF_INET6;
 		f->flowinfo = p->flow;
@@ -685,9 +705,11 @@ static __always_inline int pick(const struct nsfe_val *fe, const __be32 client[4
 static __always_inline int snat_addr(CTX *ctx, const struct pkt *p, const __be32 ep[4], __be32 out[4])
 {
 	struct bpf_fib_lookup f;
-	long rc = fib(ctx, p, p->t.saddr, ep, &f);
+	/* Without the MTU check, which would leave out the interface; tc's
+	 * lookup still checks the packet against it and says so. */
+	long rc = fib(ctx, p, p->t.saddr, ep, &f, 0);
 
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return -1;
 	struct ifaddr_key k = { .ifindex = f.ifindex, .family = p->v6 ? AF_INET6 : AF_INET };
 	__be32 *a = bpf_map_lookup_elem(&pk_ifaddr, &k);
@@ -850,7 +872,10 @@ static __always_inline int serve(CTX *ctx, int from_pod)
 	struct pkt p = {};
 	int v;
 
-	if (parse(ctx, &p))
+	v = parse(ctx, &p);
+	if (v > 0)
+		return related(ctx, &p);
+	if (v < 0)
 		return V_NEXT;
 	if ((v = reply(ctx, &p)) >= 0)
 		return v;

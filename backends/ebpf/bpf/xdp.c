@@ -129,7 +129,7 @@ static __always_inline int translate(struct xdp_md *ctx, const struct pkt *p, co
 	struct bpf_fib_lookup f;
 	__u32 out;
 
-	if (p->ttl <= 1 || fib(ctx, p, n->saddr, n->daddr, &f) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (p->ttl <= 1 || fib(ctx, p, n->saddr, n->daddr, &f, 1) != BPF_FIB_LKUP_RET_SUCCESS)
 		goto pass;
 	out = f.ifindex;
 	if (!bpf_map_lookup_elem(&pk_xdptx, &out))
@@ -152,6 +152,12 @@ pass:
 static __always_inline int reject(struct xdp_md *ctx, const struct pkt *p)
 {
 	count(XDP_STAT_PASS);
+	return XDP_PASS;
+}
+
+/* related leaves ICMP errors to pk_tc_ext. */
+static __always_inline int related(struct xdp_md *ctx, struct pkt *p)
+{
 	return XDP_PASS;
 }
 
