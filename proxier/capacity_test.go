@@ -74,9 +74,10 @@ func TestEngineOverCapacityGauge(t *testing.T) {
 	e.OnServiceAdd(a)
 	e.OnServiceAdd(b)
 	e.OnServiceAdd(testService("c", "10.96.0.3", 80))
+	// Before the sources are synced: the first sync may start at once.
+	fail(full("a"), full("b"), &ObjectError{Service: port("c"), Err: errors.New("bad")})
 	e.OnServiceSynced()
 	e.OnEndpointSlicesSynced()
-	fail(full("a"), full("b"), &ObjectError{Service: port("c"), Err: errors.New("bad")})
 	check("a and b do not fit, c is bad", 2)
 
 	// a changes and now fits; b, unchanged, is still out.
