@@ -132,15 +132,7 @@ func BenchmarkEndpointChange(b *testing.B) {
 			be := benchBackend(b, tn.Node1.Path(), cg, c.sel)
 			svcs := backendtest.ScaleServices(n, 10)
 			mustSync(b, be, request(model.IPv4, svcs, nil))
-			base := svcs[n/2]
-			changed := backendtest.Names(base)
-			var reqs [2]*proxier.SyncRequest
-			for i := range reqs {
-				// The first endpoint replaced by 10.200.0.1+i.
-				e := slices.Concat(base.Targets.Internal[1:], eps(netip.AddrPortFrom(scale.ReplacementEndpoint(i), scale.TargetPort)))
-				svcs[n/2] = base.WithTargets(e, e, true)
-				reqs[i] = request(model.IPv4, svcs, changed)
-			}
+			reqs := replacementRequests(svcs, n/2)
 			i := 0
 			for b.Loop() {
 				mustSync(b, be, reqs[i%2])
@@ -148,6 +140,22 @@ func BenchmarkEndpointChange(b *testing.B) {
 			}
 		})
 	}
+}
+
+// replacementRequests returns two incremental requests of svcs in
+// which svcs[at]'s first endpoint is replaced by 10.200.0.1 and by
+// 10.200.0.2: applied in turn, each is one endpoint change.
+func replacementRequests(svcs []backendtest.Svc, at int) [2]*proxier.SyncRequest {
+	base := svcs[at]
+	changed := backendtest.Names(base)
+	var reqs [2]*proxier.SyncRequest
+	for i := range reqs {
+		e := slices.Concat(base.Targets.Internal[1:], eps(netip.AddrPortFrom(scale.ReplacementEndpoint(i), scale.TargetPort)))
+		svcs[at] = base.WithTargets(e, e, true)
+		reqs[i] = request(model.IPv4, svcs, changed)
+	}
+	svcs[at] = base
+	return reqs
 }
 
 // BenchmarkConnect: connect() of a UDP socket (no packet is sent) to a

@@ -370,13 +370,13 @@ func (e *MapFullError) Is(target error) bool { return target == proxier.ErrCapac
 // configField returns the Config field that sizes the map name.
 func configField(name string) string {
 	switch name {
-	case mapSvc4, mapSvc6:
+	case mapSvc4, mapSvc6, mapNSFe:
 		return "MaxServices"
-	case mapBe4, mapBe6:
+	case mapBe4, mapBe6, mapNSBe:
 		return "MaxBackends"
-	case mapAff4, mapAff6:
+	case mapAff4, mapAff6, mapNSAff:
 		return "MaxAffinity"
-	case mapRev:
+	case mapRev, mapNSCt, mapNSRev:
 		return "MaxSockets"
 	case mapMag4, mapMag6:
 		return "MaxMaglevTables"

@@ -156,6 +156,17 @@ type tcBackend struct {
 	// st is what the maps hold of this family as of the last
 	// successful sync; nil when unknown.
 	st *nsState
+	// ports are the keys of st each service port holds, so that a sync
+	// that is not Full renders and writes the Changed ones alone.
+	ports map[model.ServicePortName]*portKeys
+}
+
+// portKeys are the entries of the maps one service port holds: its
+// frontends, its groups' slots and its source ranges.
+type portKeys struct {
+	fes    []nsfeKey
+	slots  []beKey
+	ranges []nsrangeKey
 }
 
 var _ proxier.Backend = (*tcBackend)(nil)
@@ -200,7 +211,8 @@ func (t *tcBackend) Family() model.IPFamily { return t.family }
 
 // Sync makes the family's frontends and endpoint slots match req, then
 // attaches the programs to interfaces that appeared and writes the
-// interfaces' addresses.
+// interfaces' addresses. A sync that is not Full, after a successful
+// one, renders and writes the Changed service ports alone.
 func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -208,7 +220,15 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if t.plane == nil {
 		return errClosed
 	}
-	want := t.render(req)
+	if t.st != nil && !req.Full && req.Changed != nil {
+		objErrs, err := t.syncChanged(req)
+		if err != nil {
+			t.st = nil
+			return err
+		}
+		return errors.Join(t.plane.refresh(), proxier.JoinObjectErrors(objErrs))
+	}
+	want, ports, objErrs := t.render(req)
 	have := t.st
 	if have == nil || req.Full {
 		var err error
@@ -221,70 +241,205 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 		t.st = nil
 		return err
 	}
-	t.st = want
-	return t.plane.refresh()
+	t.st, t.ports = want, ports
+	return errors.Join(t.plane.refresh(), proxier.JoinObjectErrors(objErrs))
+}
+
+// fits reports whether a service port needing fes frontends and slots
+// endpoint slots fits the maps next to held (what the family's other
+// service ports hold), and else says which map it overflows: the
+// family's share of pk_nsfe is MaxServices, of pk_nsbe MaxBackends.
+func (t *tcBackend) fits(held [2]int, fes, slots int) error {
+	cfg := &t.plane.cfg
+	if held[0]+fes > cfg.MaxServices {
+		return &MapFullError{Map: mapNSFe, Field: "MaxServices", Size: cfg.MaxServices}
+	}
+	if held[1]+slots > cfg.MaxBackends {
+		return &MapFullError{Map: mapNSBe, Field: "MaxBackends", Size: cfg.MaxBackends}
+	}
+	return nil
+}
+
+// need returns the frontends and endpoint slots service port sp holds
+// with targets tg.
+func (t *tcBackend) need(sp *model.ServicePort, tg *proxier.Targets) (fes, slots int) {
+	if tg == nil {
+		tg = &proxier.Targets{}
+	}
+	internal, external, ranged := tcFrontends(t.family, sp)
+	if len(internal) > 0 {
+		slots += len(addrs(tg.Internal))
+	}
+	if len(external) > 0 || len(ranged) > 0 {
+		slots += len(addrs(tg.External))
+	}
+	return len(internal) + len(external) + len(ranged), slots
+}
+
+// leave forgets the groups of service port name, which the maps do not
+// hold, and returns its error.
+func (t *tcBackend) leave(name model.ServicePortName, err error) error {
+	delete(t.groups, groupName{name, false})
+	delete(t.groups, groupName{name, true})
+	return fmt.Errorf("ebpf: tc: %w", err)
+}
+
+// syncChanged renders the Changed service ports of req, writes the
+// difference to what they held, and updates st and ports. A port that
+// does not fit the maps is left out with an ObjectError.
+func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePortName]error, error) {
+	have, want := newNSState(), newNSState()
+	next := make(map[model.ServicePortName]*portKeys, len(req.Changed))
+	held := [2]int{len(t.st.fes), len(t.st.slots)}
+	for name := range req.Changed {
+		if old := t.ports[name]; old != nil {
+			for _, k := range old.fes {
+				have.fes[k] = t.st.fes[k]
+			}
+			for _, k := range old.slots {
+				have.slots[k] = t.st.slots[k]
+			}
+			for _, k := range old.ranges {
+				have.ranges[k] = t.st.ranges[k]
+			}
+			held[0] -= len(old.fes)
+			held[1] -= len(old.slots)
+		}
+	}
+	objErrs := map[model.ServicePortName]error{}
+	for _, name := range slices.SortedFunc(maps.Keys(req.Changed), model.ServicePortName.Compare) {
+		next[name] = nil
+		sp := req.State.Services[name]
+		if sp == nil {
+			delete(t.groups, groupName{name, false})
+			delete(t.groups, groupName{name, true})
+			continue
+		}
+		fes, slots := t.need(sp, req.Targets[name])
+		if err := t.fits(held, fes, slots); err != nil {
+			objErrs[name] = t.leave(name, err)
+			continue
+		}
+		held[0] += fes
+		held[1] += slots
+		next[name] = t.renderPort(want, name, sp, req.Targets[name])
+	}
+	if err := t.write(have, want); err != nil {
+		return nil, err
+	}
+	for name := range next {
+		if old := t.ports[name]; old != nil {
+			for _, k := range old.fes {
+				delete(t.st.fes, k)
+			}
+			for _, k := range old.slots {
+				delete(t.st.slots, k)
+			}
+			for _, k := range old.ranges {
+				delete(t.st.ranges, k)
+			}
+		}
+	}
+	maps.Copy(t.st.fes, want.fes)
+	maps.Copy(t.st.slots, want.slots)
+	maps.Copy(t.st.ranges, want.ranges)
+	for name, pk := range next {
+		if pk == nil {
+			delete(t.ports, name)
+		} else {
+			t.ports[name] = pk
+		}
+	}
+	return objErrs, nil
 }
 
 // render computes the family's map contents from the whole state of
-// req (phase 1: every sync renders every service port; only the
-// difference is written).
-func (t *tcBackend) render(req *proxier.SyncRequest) *nsState {
+// req, and the keys each service port holds. Service ports are admitted
+// in name order; one that does not fit the maps is left out with an
+// ObjectError.
+func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.ServicePortName]*portKeys, map[model.ServicePortName]error) {
 	st := newNSState()
-	seen := map[groupName]bool{}
+	ports := make(map[model.ServicePortName]*portKeys, len(req.State.Services))
+	objErrs := map[model.ServicePortName]error{}
 	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
-		sp := req.State.Services[name]
-		tg := req.Targets[name]
-		if tg == nil {
-			tg = &proxier.Targets{}
+		sp, tg := req.State.Services[name], req.Targets[name]
+		fes, slots := t.need(sp, tg)
+		if err := t.fits([2]int{len(st.fes), len(st.slots)}, fes, slots); err != nil {
+			objErrs[name] = t.leave(name, err)
+			continue
 		}
-		internal, external, ranged := tcFrontends(t.family, sp)
-		for _, role := range []struct {
-			external bool
-			fes      []nsfeKey
-			eps      []*model.Endpoint
-		}{{false, internal, tg.Internal}, {true, external, tg.External}} {
-			if len(role.fes) == 0 && (!role.external || len(ranged) == 0) {
-				continue
-			}
-			gn := groupName{name, role.external}
-			seen[gn] = true
-			v := t.renderGroup(st, t.group(gn, role.eps), role.eps)
-			v.AffinitySec = affinitySec(sp)
-			if role.external && sp.ExternalLocal() {
-				v.Flags |= nsfeLocal
-			}
-			if v.Count == 0 && tg.HasEndpoints {
-				v.Flags |= nsfeDrop
-			}
-			for _, k := range role.fes {
-				st.fes[k] = v
-			}
-			if !role.external || len(ranged) == 0 {
-				continue
-			}
-			v.Flags |= nsfeRanges
-			for _, k := range ranged {
-				st.fes[k] = v
-			}
-			for _, r := range sp.LoadBalancerSourceRanges {
-				if r.IsValid() && t.family.Contains(r.Addr()) {
-					st.ranges[rangeKey(v.ID, r)] = 0
-				}
-			}
-			// kube-proxy admits the load-balancer IPs themselves as
-			// sources (a node reaching its VIP from the VIP).
-			for _, k := range ranged {
-				a := netip.AddrFrom16(k.Addr).Unmap()
-				st.ranges[rangeKey(v.ID, netip.PrefixFrom(a, a.BitLen()))] = 0
-			}
-		}
+		ports[name] = t.renderPort(st, name, sp, tg)
 	}
 	for gn := range t.groups {
-		if !seen[gn] {
+		if _, ok := ports[gn.name]; !ok {
 			delete(t.groups, gn)
 		}
 	}
-	return st
+	return st, ports, objErrs
+}
+
+// renderPort adds the frontends, slots and source ranges of service
+// port name to st and returns their keys. A group the port no longer
+// uses is forgotten.
+func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *model.ServicePort, tg *proxier.Targets) *portKeys {
+	if tg == nil {
+		tg = &proxier.Targets{}
+	}
+	pk := &portKeys{}
+	internal, external, ranged := tcFrontends(t.family, sp)
+	for _, role := range []struct {
+		external bool
+		fes      []nsfeKey
+		eps      []*model.Endpoint
+	}{{false, internal, tg.Internal}, {true, external, tg.External}} {
+		gn := groupName{name, role.external}
+		if len(role.fes) == 0 && (!role.external || len(ranged) == 0) {
+			delete(t.groups, gn)
+			continue
+		}
+		v := t.renderGroup(st, t.group(gn, role.eps), role.eps)
+		for i := range v.Count {
+			pk.slots = append(pk.slots, beKey{ID: v.ID, Slot: i})
+		}
+		v.AffinitySec = affinitySec(sp)
+		if role.external && sp.ExternalLocal() {
+			v.Flags |= nsfeLocal
+		}
+		if v.Count == 0 && tg.HasEndpoints {
+			v.Flags |= nsfeDrop
+		}
+		for _, k := range role.fes {
+			st.fes[k] = v
+			pk.fes = append(pk.fes, k)
+		}
+		if !role.external || len(ranged) == 0 {
+			continue
+		}
+		v.Flags |= nsfeRanges
+		for _, k := range ranged {
+			st.fes[k] = v
+			pk.fes = append(pk.fes, k)
+		}
+		add := func(r netip.Prefix) {
+			k := rangeKey(v.ID, r)
+			if _, ok := st.ranges[k]; !ok {
+				st.ranges[k] = 0
+				pk.ranges = append(pk.ranges, k)
+			}
+		}
+		for _, r := range sp.LoadBalancerSourceRanges {
+			if r.IsValid() && t.family.Contains(r.Addr()) {
+				add(r)
+			}
+		}
+		// kube-proxy admits the load-balancer IPs themselves as
+		// sources (a node reaching its VIP from the VIP).
+		for _, k := range ranged {
+			a := netip.AddrFrom16(k.Addr).Unmap()
+			add(netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return pk
 }
 
 // renderGroup adds the slots of g to st and returns the value of its

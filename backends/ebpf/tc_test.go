@@ -64,3 +64,13 @@ func TestRangeKey(t *testing.T) {
 		t.Errorf("IPv6: %+v", k)
 	}
 }
+
+// TestTCMapsNameTheirConfigField: a full map of the tc plane names the
+// Config field that sizes it (it said "(fixed size)" for all of them).
+func TestTCMapsNameTheirConfigField(t *testing.T) {
+	for name, want := range map[string]string{mapNSFe: "MaxServices", mapNSBe: "MaxBackends", mapNSCt: "MaxSockets", mapNSRev: "MaxSockets", mapNSAff: "MaxAffinity"} {
+		if got := configField(name); got != want {
+			t.Errorf("configField(%s) = %q, want %q", name, got, want)
+		}
+	}
+}
