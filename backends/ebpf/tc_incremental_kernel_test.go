@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func TestTCIncrementalSync(t *testing.T) {
 					continue
 				}
 				cur[n] = *v
-				if !containsName(changed, v.Port.Name) {
+				if !slices.Contains(changed, v.Port.Name) {
 					changed = append(changed, v.Port.Name)
 				}
 			}
@@ -105,15 +106,6 @@ func TestTCIncrementalSync(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-func containsName(ns []model.ServicePortName, n model.ServicePortName) bool {
-	for _, m := range ns {
-		if m == n {
-			return true
-		}
-	}
-	return false
-}
 
 func sameNSState(a, b *nsState) bool {
 	return a != nil && b != nil && maps.Equal(a.fes, b.fes) && maps.Equal(a.slots, b.slots) && maps.Equal(a.ranges, b.ranges)
