@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/cgroup2"
@@ -87,20 +86,13 @@ func bpffs(tb testing.TB) string {
 // over every hook the backend uses.
 func attachedPrograms(tb testing.TB, cgroup string) []ebpf.ProgramID {
 	tb.Helper()
-	f, err := os.Open(cgroup)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer f.Close()
 	var ids []ebpf.ProgramID
 	for _, h := range hooks() {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: h.attach})
+		got, err := cgroupPrograms(cgroup, h.attach)
 		if err != nil {
 			tb.Fatalf("query %s: %v", h.name, err)
 		}
-		for _, p := range res.Programs {
-			ids = append(ids, p.ID)
-		}
+		ids = append(ids, got...)
 	}
 	return ids
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/backends/nftables"
 	"github.com/proxykit/proxykit/internal/netns"
@@ -184,6 +185,10 @@ func connectHook(f model.IPFamily) hook {
 	panic("ebpf: no hook " + name)
 }
 
+// queryTries bounds how often cgroupPrograms asks again when the
+// cgroup's programs change while it asks.
+const queryTries = 10
+
 // cgroupPrograms returns the ids of the programs attached to the cgroup
 // at path for attach (not those inherited from its ancestors).
 func cgroupPrograms(path string, attach ebpf.AttachType) ([]ebpf.ProgramID, error) {
@@ -192,9 +197,18 @@ func cgroupPrograms(path string, attach ebpf.AttachType) ([]ebpf.ProgramID, erro
 		return nil, fmt.Errorf("ebpf: cgroup: %w", err)
 	}
 	defer f.Close()
-	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: attach})
-	if err != nil {
-		return nil, fmt.Errorf("ebpf: programs attached to %s: %w", path, err)
+	// The kernel answers in two calls (the count, then the ids): a
+	// program attached in between (by anybody) makes the second fail
+	// with ENOSPC, so ask again.
+	var res *link.QueryResult
+	for try := 1; ; try++ {
+		res, err = link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: attach})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ENOSPC) || try == queryTries {
+			return nil, fmt.Errorf("ebpf: programs attached to %s: %w", path, err)
+		}
 	}
 	ids := make([]ebpf.ProgramID, len(res.Programs))
 	for i, p := range res.Programs {
