@@ -302,7 +302,12 @@ func render(f model.IPFamily, sp *model.ServicePort, t *proxier.Targets, prev *s
 			}
 			g.id = id
 		}
-		g.eps = layout(prevEps, lists[i])
+		if len(prevEps) == 0 {
+			// A new group: the list is this render's own (addrs).
+			g.eps = lists[i]
+		} else {
+			g.eps = layout(prevEps, lists[i])
+		}
 		s.groups[i] = g
 	}
 	aff := affinitySec(sp)

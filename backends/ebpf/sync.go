@@ -72,11 +72,15 @@ type state struct {
 	noTable int
 }
 
-func newState() *state {
+func newState() *state { return newStateSized(0) }
+
+// newStateSized returns an empty state whose maps have room for n
+// service ports (with one frontend and one group each) without growing.
+func newStateSized(n int) *state {
 	return &state{
-		svcs:   map[model.ServicePortName]*svcState{},
-		owners: map[feKey]model.ServicePortName{},
-		groups: map[uint32]*group{},
+		svcs:   make(map[model.ServicePortName]*svcState, n),
+		owners: make(map[feKey]model.ServicePortName, n),
+		groups: make(map[uint32]*group, n),
 		nodes:  map[netip.Addr]bool{},
 	}
 }
@@ -307,11 +311,11 @@ func (b *backend) readKernel(withSlots bool) (*kernelState, error) {
 // ports that cannot be programmed are left out, with their errors.
 func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, map[model.ServicePortName]error) {
 	old := b.st
-	st := newState()
+	st := newStateSized(len(req.State.Services))
 	errs := map[model.ServicePortName]error{}
 	claimed := map[uint32]bool{}
-	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
-		sp := req.State.Services[name]
+	for _, e := range sortedServices(req.State.Services) {
+		name, sp := e.name, e.sp
 		var prev *svcState
 		if old != nil {
 			prev = old.svcs[name]
@@ -340,10 +344,29 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 	return st, errs
 }
 
+// namedPort is a service port and its name.
+type namedPort struct {
+	name model.ServicePortName
+	sp   *model.ServicePort
+}
+
+// sortedServices returns the service ports of svcs in name order.
+func sortedServices(svcs map[model.ServicePortName]*model.ServicePort) []namedPort {
+	out := make([]namedPort, 0, len(svcs))
+	for name, sp := range svcs {
+		out = append(out, namedPort{name, sp})
+	}
+	slices.SortFunc(out, func(a, b namedPort) int { return a.name.Compare(b.name) })
+	return out
+}
+
 // fullOps returns the writes that turn the maps' contents k into st, and
 // records the node addresses in st.
 func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, error) {
 	o := &ops{}
+	if len(k.svc) == 0 {
+		o.putSvcK, o.putSvcV = make([]feKey, 0, st.nfes), make([]svcVal, 0, st.nfes)
+	}
 	for _, s := range st.svcs {
 		for _, e := range s.fes {
 			if h, ok := k.svc[e.key]; !ok || h != e.val {
@@ -380,6 +403,13 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 	} else if err := b.codec.scanBe(b.beMap, checkSlot); err != nil {
 		return nil, fmt.Errorf("ebpf: %w", err)
 	}
+	missing := 0
+	for _, g := range st.groups {
+		if g.found < len(g.eps) {
+			missing += len(g.eps)
+		}
+	}
+	o.putBeK, o.putBeV = slices.Grow(o.putBeK, missing), slices.Grow(o.putBeV, missing)
 	for _, g := range st.groups {
 		if g.found < len(g.eps) {
 			for i, ep := range g.eps {
