@@ -313,13 +313,17 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 	old := b.st
 	st := newStateSized(len(req.State.Services))
 	errs := map[model.ServicePortName]error{}
+	// After a restart, the groups of frontends found in the maps are
+	// recovered, each by one service port (claimed); with empty maps
+	// there is nothing to recover.
+	recovering := old == nil && len(k.svc) > 0
 	claimed := map[uint32]bool{}
 	for _, e := range sortedServices(req.State.Services) {
 		name, sp := e.name, e.sp
 		var prev *svcState
 		if old != nil {
 			prev = old.svcs[name]
-		} else {
+		} else if recovering {
 			prev = recoverState(b.family, sp, k.svc, k.groups, claimed)
 		}
 		s, err := render(b.family, sp, req.Targets[name], prev, &b.ids)
@@ -331,9 +335,11 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 			errs[name] = err
 			continue
 		}
-		for _, g := range s.groups {
-			if g != nil {
-				claimed[g.id] = true
+		if recovering {
+			for _, g := range s.groups {
+				if g != nil {
+					claimed[g.id] = true
+				}
 			}
 		}
 	}
