@@ -429,3 +429,41 @@ func connectTimes(ns *testnet.NS, dst netip.AddrPort, n int) (conn, first durati
 	})
 	return conn, first, err
 }
+
+// BenchmarkOneEndpointReplace times replacing one endpoint of one of 10
+// service ports of 10, 1,000 and 10,000 endpoints each (issue 22's big
+// services): every iteration replaces the endpoint and the next one puts
+// it back, both timed. Target: a cost that does not grow with the
+// endpoints of the service. elems/op is the number of set elements the
+// transaction writes (added plus deleted).
+func BenchmarkOneEndpointReplace(b *testing.B) {
+	requireRoot(b)
+	for _, eps := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprintf("endpoints=%d", eps), func(b *testing.B) {
+			ns := newNS(b)
+			be := newTestBackend(b, ns, model.IPv4, Config{})
+			svcs := scale.Services(10, eps)
+			base := backendtest.ScaleServices(10, eps)
+			mustSync(b, be, request(model.IPv4, base, nil))
+			const k = 5
+			replaced := slices.Clone(base)
+			replaced[k] = backendtest.FromScale(svcs[k].WithEndpoint(eps/3, scale.ReplacementEndpoint(0)))
+			changed := backendtest.Names(base[k])
+			reqs := []*proxier.SyncRequest{request(model.IPv4, replaced, changed), request(model.IPv4, base, changed)}
+			runtime.GC()
+			var d, kd durations
+			elems := 0
+			b.ResetTimer()
+			for i := range b.N {
+				start := time.Now()
+				mustSync(b, be, reqs[i%2])
+				d, kd = append(d, time.Since(start)), append(kd, be.last.kernel)
+				elems += be.last.elems
+			}
+			b.StopTimer()
+			d.report(b, "µs")
+			kd.report(b, "kernel-µs")
+			b.ReportMetric(float64(elems)/float64(b.N), "elems/op")
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -118,12 +119,55 @@ func (d *delta) taken(name model.ServicePortName) prefixTaken {
 }
 
 func (d *delta) use(objs *svcObjs, n int) {
-	objs.eachRef(func(set string, key []byte) {
-		if d.refs[set] == nil {
-			d.refs[set] = map[string]int{}
+	objs.eachRef(func(set string, key []byte) { d.count(set, key, n) })
+}
+
+// useDiff counts the refcounted elements of new instead of old's, a
+// service port's renderings: those of their fixed elements, and the
+// hairpin elements of the endpoints whose slots differ, so that a change
+// of one endpoint costs the same whatever the size of its group. The
+// counts end as after use(old, -1) and use(new, +1).
+func (d *delta) useDiff(old, new *svcObjs) {
+	for _, e := range old.fixed {
+		if refcounted(e.set) {
+			d.count(e.set, e.e.Key, -1)
 		}
-		d.refs[set][string(key)] += n
-	})
+	}
+	for _, e := range new.fixed {
+		if refcounted(e.set) {
+			d.count(e.set, e.e.Key, +1)
+		}
+	}
+	var buf [32]byte
+	for g := range old.slots {
+		o, n := old.slots[g], new.slots[g]
+		for j := range max(len(o), len(n)) {
+			var a, b netip.Addr
+			if j < len(o) {
+				a = o[j].Addr()
+			}
+			if j < len(n) {
+				b = n[j].Addr()
+			}
+			if a == b {
+				continue
+			}
+			if a.IsValid() {
+				d.count(setHairpin, hairpinKey(buf[:0], a), -1)
+			}
+			if b.IsValid() {
+				d.count(setHairpin, hairpinKey(buf[:0], b), +1)
+			}
+		}
+	}
+}
+
+// count adds n to the use count of key in set.
+func (d *delta) count(set string, key []byte, n int) {
+	if d.refs[set] == nil {
+		d.refs[set] = map[string]int{}
+	}
+	d.refs[set][string(key)] += n
 }
 
 // apply makes the change part of the base state.
@@ -221,7 +265,7 @@ func (b *backend) syncIncremental(ctx context.Context, req *proxier.SyncRequest)
 			d.apply()
 			b.st.fingerprint = fp
 			b.last = syncStats{render: built.Sub(start), kernel: time.Since(built),
-				messages: tx.Len(), bytes: tx.Size(), services: len(req.Changed)}
+				messages: tx.Len(), bytes: tx.Size(), elems: tx.Elems(), services: len(req.Changed)}
 			b.log.Debug("incremental sync", "changed", len(req.Changed), "messages", tx.Len(),
 				"bytes", tx.Size(), "duration", time.Since(start))
 			return proxier.JoinObjectErrors(objErrs, skip)
@@ -249,7 +293,6 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 	for _, n := range names {
 		if old := st.services[n]; old != nil {
 			d.release(n, old.objs)
-			d.use(old.objs, -1)
 			d.objects.add(old.objs, -1)
 		}
 	}
@@ -258,6 +301,7 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 		sp := req.State.Services[n]
 		if sp == nil {
 			if old != nil {
+				d.use(old.objs, -1)
 				d.services[n] = nil
 				d.freed = append(d.freed, old.id)
 			}
@@ -279,12 +323,17 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 			// The service port is left out: it is deleted if it
 			// was programmed, and its id is free either way.
 			if old != nil {
+				d.use(old.objs, -1)
 				d.services[n] = nil
 			}
 			d.freed = append(d.freed, id)
 			continue
 		}
-		d.use(objs, +1)
+		if prev != nil {
+			d.useDiff(prev, objs)
+		} else {
+			d.use(objs, +1)
+		}
 		d.objects.add(objs, +1)
 		d.services[n] = &svcState{id: id, objs: objs}
 	}
@@ -356,31 +405,17 @@ func (b *backend) diffService(p *plan, name model.ServicePortName, old, new *svc
 	}
 
 	dels, adds := map[string][]elem{}, map[string][]elem{}
-	// The ranges of an endpoint map are replaced as a whole: the kernel
-	// checks intervals for overlaps at each insertion, so moving a
-	// boundary means deleting the ranges around it first.
-	oldRanges, newRanges := map[string][]*setElem{}, map[string][]*setElem{}
 	oldElems := map[string]*setElem{}
 	if old != nil {
-		els := old.ownElems()
-		for i := range els {
-			e := &els[i]
-			switch {
-			case rangeSet(e.set):
-				oldRanges[e.set] = append(oldRanges[e.set], e)
-			case !refcounted(e.set):
+		for i := range old.fixed {
+			if e := &old.fixed[i]; !refcounted(e.set) {
 				oldElems[e.set+"\x00"+e.id()] = e
 			}
 		}
 	}
 	if new != nil {
-		els := new.ownElems()
-		for i := range els {
-			e := &els[i]
-			if rangeSet(e.set) {
-				newRanges[e.set] = append(newRanges[e.set], e)
-				continue
-			}
+		for i := range new.fixed {
+			e := &new.fixed[i]
 			if refcounted(e.set) {
 				continue
 			}
@@ -398,28 +433,63 @@ func (b *backend) diffService(p *plan, name model.ServicePortName, old, new *svc
 	for _, o := range oldElems {
 		dels[o.set] = append(dels[o.set], o.e)
 	}
-	for _, set := range slices.Sorted(maps.Keys(oldRanges)) {
-		if !sameElems(oldRanges[set], newRanges[set]) {
-			for _, e := range oldRanges[set] {
-				dels[set] = append(dels[set], e.e)
-			}
-		}
-	}
-	for _, set := range slices.Sorted(maps.Keys(newRanges)) {
-		if !sameElems(oldRanges[set], newRanges[set]) {
-			for _, e := range newRanges[set] {
-				adds[set] = append(adds[set], e.e)
-			}
-		}
-	}
+	diffRanges(dels, adds, old, new)
 	p.delElems = append(p.delElems, grouped(&n, dels)...)
 	p.addElems = append(p.addElems, grouped(&n, adds)...)
 	return nil
 }
 
-// sameElems reports whether a and b hold the same elements, in order.
-func sameElems(a, b []*setElem) bool {
-	return slices.EqualFunc(a, b, func(x, y *setElem) bool { return x.id() == y.id() && x.sameData(y) })
+// diffRanges adds to dels and adds the range elements that turn old's
+// range sets into new's (either may be nil). A range set that keeps its
+// prefix and its number of endpoints keeps its boundaries: only the
+// ranges whose endpoint changed are replaced, start and end (deleted and
+// added again in one transaction: the kernel checks intervals for
+// overlaps at each insertion), so replacing one endpoint writes four
+// elements whatever the size of the group. Any other range set is
+// replaced as a whole.
+func diffRanges(dels, adds map[string][]elem, old, new *svcObjs) {
+	type key struct{ set, prefix string }
+	kept := map[key]bool{}
+	if new != nil {
+		var oldSpecs map[key]*rangeSpec
+		if old != nil {
+			oldSpecs = make(map[key]*rangeSpec, len(old.ranges))
+			for i := range old.ranges {
+				r := &old.ranges[i]
+				oldSpecs[key{r.set, string(r.prefix)}] = r
+			}
+		}
+		for i := range new.ranges {
+			r := &new.ranges[i]
+			slots := new.slots[r.group]
+			k := key{r.set, string(r.prefix)}
+			o := oldSpecs[k]
+			if o == nil || len(old.slots[o.group]) != len(slots) {
+				adds[r.set] = appendRanges(adds[r.set], r, slots)
+				continue
+			}
+			kept[k] = true
+			prev := old.slots[o.group]
+			var starts []uint32
+			for j := range slots {
+				if slots[j] == prev[j] {
+					continue
+				}
+				if starts == nil {
+					starts = rangeStarts(len(slots))
+				}
+				dels[o.set] = appendRange(dels[o.set], o, starts, j, prev[j])
+				adds[r.set] = appendRange(adds[r.set], r, starts, j, slots[j])
+			}
+		}
+	}
+	if old != nil {
+		for i := range old.ranges {
+			if o := &old.ranges[i]; !kept[key{o.set, string(o.prefix)}] {
+				dels[o.set] = appendRanges(dels[o.set], o, old.slots[o.group])
+			}
+		}
+	}
 }
 
 // rangeSet reports whether set is an endpoint map, whose elements are

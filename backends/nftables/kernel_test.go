@@ -3,11 +3,13 @@ package nftables
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -125,6 +127,56 @@ func TestKernel(t *testing.T) {
 		}
 		if n := countPods(t, topo.node, ap("10.96.0.14:80"), 3); n["pod2"] != 3 {
 			t.Fatalf("other service: %v", n)
+		}
+		cleanupAndCheck(t, b, topo.node)
+	})
+
+	// Replacing an endpoint replaces its range only: the kernel takes
+	// the range deleted and added again between its kept neighbours,
+	// traffic follows, and a full sync finds the map as it would write
+	// it.
+	t.Run("ReplaceEndpointInPlace", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		s := clusterSvc("swap", model.TCP, "10.96.0.15", 80, pod1v4)
+		s.Port.NodePort = 30015
+		var many []string
+		for i := range 50 {
+			many = append(many, fmt.Sprintf("10.0.9.%d:8080", i+1))
+		}
+		big := clusterSvc("big", model.TCP, "10.96.0.16", 80, many...)
+		mustSync(t, b, request(model.IPv4, []testSvc{s, big}, nil))
+		if n := countPods(t, topo.node, ap("10.96.0.15:80"), 5); n["pod1"] != 5 {
+			t.Fatalf("before: %v", n)
+		}
+		s2 := clusterSvc("swap", model.TCP, "10.96.0.15", 80, pod2v4)
+		s2.Port.NodePort = 30015
+		many[20] = "10.0.9.200:8080"
+		big2 := clusterSvc("big", model.TCP, "10.96.0.16", 80, many...)
+		mustSync(t, b, request(model.IPv4, []testSvc{s2, big2}, backendtest.Names(s2, big2)))
+		// swap: cluster and node port ranges, 4 elements each; big: 4;
+		// hairpin: 2 each.
+		if b.last.elems != 16 {
+			t.Errorf("replacement wrote %d elements, want 16", b.last.elems)
+		}
+		if n := countPods(t, topo.node, ap("10.96.0.15:80"), 5); n["pod2"] != 5 {
+			t.Fatalf("after the replacement: %v", n)
+		}
+		fingerprintChain := regexp.MustCompile(`\s*chain fingerprint-[0-9a-f]+ \{\s*\}`)
+		list := func() string {
+			t.Helper()
+			out, err := topo.node.nft("list", "table", "ip", "proxykit")
+			if err != nil {
+				t.Fatal(out, err)
+			}
+			// Without the fingerprint chain (only the full sync has
+			// one).
+			return fingerprintChain.ReplaceAllString(out, "")
+		}
+		before := list()
+		mustSync(t, b, request(model.IPv4, []testSvc{s2, big2}, nil))
+		after := list()
+		if before != after {
+			t.Errorf("a full sync changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
 		cleanupAndCheck(t, b, topo.node)
 	})

@@ -114,6 +114,23 @@ func appendRanges(out []elem, r *rangeSpec, slots []netip.AddrPort) []elem {
 	starts := rangeStarts(len(slots))
 	// One allocation for all keys and values.
 	buf := make([]byte, 0, len(slots)*2*(prefixLen+4+20))
+	for i, ep := range slots {
+		out, buf = appendRangeBuf(out, buf, r, starts, i, ep)
+	}
+	return out
+}
+
+// appendRange appends the elements of range i of range set r, whose
+// ranges start at starts, with endpoint ep: its start (with ep as data)
+// and its end.
+func appendRange(out []elem, r *rangeSpec, starts []uint32, i int, ep netip.AddrPort) []elem {
+	out, _ = appendRangeBuf(out, make([]byte, 0, 2*(prefixLen+4+20)), r, starts, i, ep)
+	return out
+}
+
+// appendRangeBuf is appendRange writing keys and values into buf, which
+// it returns grown.
+func appendRangeBuf(out []elem, buf []byte, r *rangeSpec, starts []uint32, i int, ep netip.AddrPort) ([]elem, []byte) {
 	put := func(parts ...[]byte) []byte {
 		start := len(buf)
 		for _, p := range parts {
@@ -121,13 +138,11 @@ func appendRanges(out []elem, r *rangeSpec, slots []netip.AddrPort) []elem {
 		}
 		return buf[start:len(buf):len(buf)]
 	}
-	for i, ep := range slots {
-		a := ep.Addr().AsSlice()
-		out = append(out,
-			elem{Key: put(r.prefix, positionKey(starts[i])), Val: put(a, port(ep.Port()))},
-			elem{Key: put(r.prefix, positionKey(starts[i+1])), IntervalEnd: true})
-	}
-	return out
+	a := ep.Addr().AsSlice()
+	out = append(out,
+		elem{Key: put(r.prefix, positionKey(starts[i])), Val: put(a, port(ep.Port()))},
+		elem{Key: put(r.prefix, positionKey(starts[i+1])), IntervalEnd: true})
+	return out, buf
 }
 
 // renderer renders service ports for one family and configuration.
@@ -198,27 +213,38 @@ func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
 }
 
 // stableSlots orders eps so that endpoints keep the index they had in prev:
-// a removed endpoint's index goes to the last one, new endpoints are
-// appended. A one-endpoint change thus touches at most two indexes.
+// new endpoints take the indexes of removed ones first (in order), then
+// are appended; an index still free goes to the last endpoint. Replacing
+// one endpoint thus changes one index, and adding or removing one at most
+// two.
 func stableSlots(prev, eps []netip.AddrPort) []netip.AddrPort {
 	if len(prev) == 0 {
 		return slices.Clone(eps)
 	}
-	want := make(map[netip.AddrPort]bool, len(eps))
-	for _, e := range eps {
-		want[e] = true
+	// eps are distinct: one map from the previous slots does.
+	at := make(map[netip.AddrPort]int, len(prev))
+	for i, p := range prev {
+		at[p] = i
 	}
-	slots := make([]netip.AddrPort, 0, len(eps))
-	seen := make(map[netip.AddrPort]bool, len(eps))
-	for _, p := range prev {
-		if want[p] {
-			slots = append(slots, p)
-			seen[p] = true
+	slots := make([]netip.AddrPort, len(prev), max(len(prev), len(eps)))
+	var added []netip.AddrPort
+	for _, e := range eps {
+		if i, ok := at[e]; ok {
+			slots[i] = e
 		} else {
-			slots = append(slots, netip.AddrPort{}) // hole
+			added = append(added, e)
 		}
 	}
-	// Fill holes from the end.
+	for i := range slots {
+		if len(added) == 0 {
+			break
+		}
+		if !slots[i].IsValid() {
+			slots[i], added = added[0], added[1:]
+		}
+	}
+	slots = append(slots, added...)
+	// Fill the holes left from the end.
 	for i := 0; i < len(slots); i++ {
 		if slots[i].IsValid() {
 			continue
@@ -231,11 +257,6 @@ func stableSlots(prev, eps []netip.AddrPort) []netip.AddrPort {
 		}
 		slots = slots[:len(slots)-1]
 		i--
-	}
-	for _, e := range eps {
-		if !seen[e] {
-			slots = append(slots, e)
-		}
 	}
 	return slots
 }

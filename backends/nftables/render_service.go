@@ -88,7 +88,12 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		noEndpoints(s.add, s.clusterKey, s.extKeys, s.npKey, &verdict{Code: unix.NFT_GOTO, Chain: chainReject})
 		return s.o, nil
 	}
-	internal, externalEps := r.endpoints(t.Internal), r.endpoints(t.External)
+	internal, externalEps := r.endpoints(t.Internal), []netip.AddrPort(nil)
+	if len(t.External) == len(t.Internal) && len(t.External) > 0 && &t.External[0] == &t.Internal[0] {
+		externalEps = internal // policy Cluster: the same list
+	} else {
+		externalEps = r.endpoints(t.External)
+	}
 	for _, eps := range [][]netip.AddrPort{internal, externalEps} {
 		if len(eps) > randRange {
 			return nil, fmt.Errorf("%d endpoints, more than %d", len(eps), randRange)

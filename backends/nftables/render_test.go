@@ -12,6 +12,7 @@ import (
 
 	"github.com/proxykit/proxykit/internal/backendtest"
 	"github.com/proxykit/proxykit/internal/nftnl"
+	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -269,6 +270,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 
 func TestStableSlots(t *testing.T) {
 	a, b, c, d := ap("10.0.0.1:1"), ap("10.0.0.2:1"), ap("10.0.0.3:1"), ap("10.0.0.4:1")
+	e, f := ap("10.0.0.5:1"), ap("10.0.0.6:1")
 	for _, tc := range []struct {
 		name      string
 		prev, eps []netip.AddrPort
@@ -279,7 +281,10 @@ func TestStableSlots(t *testing.T) {
 		{"remove middle", []netip.AddrPort{a, b, c}, []netip.AddrPort{a, c}, []netip.AddrPort{a, c}},
 		{"remove first", []netip.AddrPort{a, b, c}, []netip.AddrPort{b, c}, []netip.AddrPort{c, b}},
 		{"remove last", []netip.AddrPort{a, b, c}, []netip.AddrPort{a, b}, []netip.AddrPort{a, b}},
-		{"replace", []netip.AddrPort{a, b, c}, []netip.AddrPort{a, d, c}, []netip.AddrPort{a, c, d}},
+		{"replace", []netip.AddrPort{a, b, c}, []netip.AddrPort{a, d, c}, []netip.AddrPort{a, d, c}},
+		{"replace first", []netip.AddrPort{a, b, c}, []netip.AddrPort{d, b, c}, []netip.AddrPort{d, b, c}},
+		{"replace two, remove one", []netip.AddrPort{a, b, c, d}, []netip.AddrPort{e, f}, []netip.AddrPort{e, f}},
+		{"remove two, add one", []netip.AddrPort{a, b, c, d}, []netip.AddrPort{e, c, a}, []netip.AddrPort{a, e, c}},
 		{"all gone", []netip.AddrPort{a, b}, nil, []netip.AddrPort{}},
 	} {
 		if got := stableSlots(tc.prev, tc.eps); !slices.Equal(got, tc.want) {
@@ -382,6 +387,41 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 		if !slices.Contains(msgs, m) {
 			t.Errorf("no %q in:\n%s", m, strings.Join(msgs, "\n"))
 		}
+	}
+}
+
+// TestIncrementalReplaceWritesOneRange: replacing one endpoint of a big
+// group replaces that endpoint's range (start and end) under each of the
+// group's prefixes, and its hairpin element: not the whole group.
+func TestIncrementalReplaceWritesOneRange(t *testing.T) {
+	b := offlineBackend(t)
+	svcs := scale.Services(3, 100)
+	base := backendtest.ScaleServices(3, 100) // service 0 has a node port
+	st, errs := b.buildFull(request(model.IPv4, base, nil), true, nil)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	b.st = st
+	replaced := slices.Clone(base)
+	replaced[0] = backendtest.FromScale(svcs[0].WithEndpoint(40, scale.ReplacementEndpoint(0)))
+	d, tx, errs, err := b.buildIncremental(request(model.IPv4, replaced, backendtest.Names(base[0])), map[model.ServicePortName]error{})
+	if err != nil || len(errs) > 0 {
+		t.Fatal(err, errs)
+	}
+	// Cluster IP and node port prefixes: two elements deleted and two
+	// added each; hairpin: one deleted, one added.
+	if got := tx.Elems(); got != 10 {
+		t.Errorf("%d elements written, want 10:\n%s", got, strings.Join(messages(tx), "\n"))
+	}
+	d.apply()
+	objs := b.st.services[base[0].Port.Name].objs
+	if got := objs.slots[0][40]; got.Addr() != scale.ReplacementEndpoint(0) {
+		t.Errorf("slot 40 holds %v, want the replacement", got)
+	}
+	// A full sync of the same state writes the same ranges.
+	full, _ := b.buildFull(request(model.IPv4, replaced, nil), false, nil)
+	if !slices.Equal(full.services[base[0].Port.Name].objs.slots[0], objs.slots[0]) {
+		t.Error("a full sync orders the slots differently")
 	}
 }
 

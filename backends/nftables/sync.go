@@ -48,7 +48,9 @@ type syncStats struct {
 	adopted         bool
 	render, kernel  time.Duration // building the batch; the kernel's commit
 	messages, bytes int
-	services        int
+	// elems counts the set elements the transaction added or deleted.
+	elems    int
+	services int
 }
 
 var _ proxier.Backend = (*backend)(nil)
@@ -149,18 +151,20 @@ func (o *svcObjs) eachRef(f func(set string, key []byte)) {
 	var buf [32]byte
 	for _, slots := range o.slots {
 		for _, ep := range slots {
-			a := ep.Addr()
-			var k []byte
-			if a.Is4() {
-				v := a.As4()
-				k = append(append(buf[:0], v[:]...), v[:]...)
-			} else {
-				v := a.As16()
-				k = append(append(buf[:0], v[:]...), v[:]...)
-			}
-			f(setHairpin, k)
+			f(setHairpin, hairpinKey(buf[:0], ep.Addr()))
 		}
 	}
+}
+
+// hairpinKey appends the hairpin element of an endpoint address to buf:
+// the address twice.
+func hairpinKey(buf []byte, a netip.Addr) []byte {
+	if a.Is4() {
+		v := a.As4()
+		return append(append(buf, v[:]...), v[:]...)
+	}
+	v := a.As16()
+	return append(append(buf, v[:]...), v[:]...)
 }
 
 func prefixSpace(set string) string { return "prefix " + set }
@@ -303,7 +307,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			st.fingerprint = f.fingerprint
 			b.st = st
 			b.last = syncStats{full: true, render: built.Sub(start), kernel: time.Since(built),
-				messages: tx.Len(), bytes: tx.Size(), services: len(st.services)}
+				messages: tx.Len(), bytes: tx.Size(), elems: tx.Elems(), services: len(st.services)}
 			b.log.Info("full sync", "services", len(st.services), "messages", tx.Len(), "bytes", tx.Size(),
 				"mode", mode.String(), "render", built.Sub(start), "kernel", time.Since(built))
 			return proxier.JoinObjectErrors(objErrs, skip)

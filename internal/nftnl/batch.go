@@ -113,6 +113,8 @@ type Batch struct {
 	labels []label // one per message between BATCH_BEGIN and BATCH_END
 	owner  any
 	err    error
+	// elems counts the set elements added and deleted.
+	nelems int
 }
 
 // NewBatch returns an empty batch on table of family proto (NFPROTO_IPV4,
@@ -137,6 +139,9 @@ func (b *Batch) Table() string { return b.table }
 
 // Len returns the number of nf_tables messages in the batch.
 func (b *Batch) Len() int { return len(b.labels) }
+
+// Elems returns the number of set elements the batch adds or deletes.
+func (b *Batch) Elems() int { return b.nelems }
 
 // Size returns the encoded size of the batch in bytes.
 func (b *Batch) Size() int { return len(b.buf) }
@@ -528,6 +533,7 @@ func (b *Batch) DelElems(set string, elems []Elem) {
 }
 
 func (b *Batch) elems(typ uint16, flags uint16, o op, set string, elems []Elem) {
+	b.nelems += len(elems)
 	for len(elems) > 0 {
 		size, n := 0, 0
 		for n < len(elems) && size+elems[n].encodedLen() < maxElemBytes {
