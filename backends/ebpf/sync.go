@@ -70,6 +70,12 @@ type state struct {
 	// noTable counts the service ports of the current sync whose groups
 	// pick at random because MaxMaglevTables was reached.
 	noTable int
+	// order holds the service ports a full sync admitted, in the order
+	// rendered, until fullOps has used them: a slice walks the states
+	// in the order they were allocated, where the maps' order is
+	// random (fullOps took a fifth of the user-space time of a first
+	// sync of 100,000 services walking st.svcs and st.groups).
+	order []*svcState
 }
 
 func newState() *state { return newStateSized(0) }
@@ -312,6 +318,7 @@ func (b *backend) readKernel(withSlots bool) (*kernelState, error) {
 func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, map[model.ServicePortName]error) {
 	old := b.st
 	st := newStateSized(len(req.State.Services))
+	st.order = make([]*svcState, 0, len(req.State.Services))
 	errs := map[model.ServicePortName]error{}
 	// After a restart, the groups of frontends found in the maps are
 	// recovered, each by one service port (claimed); with empty maps
@@ -335,6 +342,7 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 			errs[name] = err
 			continue
 		}
+		st.order = append(st.order, s)
 		if recovering {
 			for _, g := range s.groups {
 				if g != nil {
@@ -369,11 +377,16 @@ func sortedServices(svcs map[model.ServicePortName]*model.ServicePort) []namedPo
 // fullOps returns the writes that turn the maps' contents k into st, and
 // records the node addresses in st.
 func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, error) {
+	svcs := st.order
+	if svcs == nil {
+		svcs = slices.Collect(maps.Values(st.svcs))
+	}
+	st.order = nil
 	o := &ops{}
 	if len(k.svc) == 0 {
 		o.putSvcK, o.putSvcV = make([]feKey, 0, st.nfes), make([]svcVal, 0, st.nfes)
 	}
-	for _, s := range st.svcs {
+	for _, s := range svcs {
 		for _, e := range s.fes {
 			if h, ok := k.svc[e.key]; !ok || h != e.val {
 				o.putSvcK, o.putSvcV = append(o.putSvcK, e.key), append(o.putSvcV, e.val)
@@ -388,9 +401,7 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 	// A slot is wanted when its group is and it is below the group's
 	// count; a wanted slot missing from the maps shows in the group's
 	// found count, and the whole group is written again.
-	for _, g := range st.groups {
-		g.found = 0
-	}
+	eachGroup(svcs, func(g *group) { g.found = 0 })
 	checkSlot := func(key beKey, v netip.AddrPort) {
 		g := st.groups[key.ID]
 		if g == nil || int(key.Slot) >= len(g.eps) {
@@ -410,20 +421,20 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 		return nil, fmt.Errorf("ebpf: %w", err)
 	}
 	missing := 0
-	for _, g := range st.groups {
+	eachGroup(svcs, func(g *group) {
 		if g.found < len(g.eps) {
 			missing += len(g.eps)
 		}
-	}
+	})
 	o.putBeK, o.putBeV = slices.Grow(o.putBeK, missing), slices.Grow(o.putBeV, missing)
-	for _, g := range st.groups {
+	eachGroup(svcs, func(g *group) {
 		if g.found < len(g.eps) {
 			for i, ep := range g.eps {
 				o.putBeK, o.putBeV = append(o.putBeK, beKey{ID: g.id, Slot: uint32(i)}), append(o.putBeV, ep)
 			}
 		}
-	}
-	if err := b.fullTableOps(o, st); err != nil {
+	})
+	if err := b.fullTableOps(o, st, svcs); err != nil {
 		return nil, err
 	}
 	o.putNodes, o.delNodes = diffNodes(k.nodes, nodes)
@@ -437,11 +448,9 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 // row is compared with the fingerprint of the group's table when its
 // endpoints did not change since the last sync, else with the table
 // built for it (after a restart). Tables to write are built when they
-// are written.
-func (b *backend) fullTableOps(o *ops, st *state) error {
-	for _, g := range st.groups {
-		g.rowFound = false
-	}
+// are written. svcs are st's service ports.
+func (b *backend) fullTableOps(o *ops, st *state, svcs []*svcState) error {
+	eachGroup(svcs, func(g *group) { g.rowFound = false })
 	var scratch []uint32
 	err := b.rows.scan(b.magMap, func(id uint32, row []uint32) {
 		g := st.groups[id]
@@ -466,12 +475,23 @@ func (b *backend) fullTableOps(o *ops, st *state) error {
 	if err != nil {
 		return fmt.Errorf("ebpf: %w", err)
 	}
-	for _, g := range st.groups {
+	eachGroup(svcs, func(g *group) {
 		if g.maglev && !g.rowFound {
 			o.putRows = append(o.putRows, g)
 		}
-	}
+	})
 	return nil
+}
+
+// eachGroup calls fn with every group of svcs.
+func eachGroup(svcs []*svcState, fn func(*group)) {
+	for _, s := range svcs {
+		for _, g := range s.groups {
+			if g != nil {
+				fn(g)
+			}
+		}
+	}
 }
 
 // warnNoTable logs the service ports that pick at random because the
