@@ -26,7 +26,7 @@ type delta struct {
 	base     *state
 	services map[model.ServicePortName]*svcState // nil value: deleted
 	owners   map[string]map[string]*model.ServicePortName
-	refs     map[string]map[string]int
+	refs     refCounts
 	objects  objectCounts // differences to base.objects
 	nextID   uint32
 	nextAID  uint32
@@ -41,7 +41,7 @@ func newDelta(base *state) *delta {
 		base:     base,
 		services: map[model.ServicePortName]*svcState{},
 		owners:   map[string]map[string]*model.ServicePortName{},
-		refs:     map[string]map[string]int{},
+		refs:     refCounts{},
 		objects:  objectCounts{},
 		nextID:   base.nextID,
 		nextAID:  base.nextAID,
@@ -119,7 +119,7 @@ func (d *delta) taken(name model.ServicePortName) prefixTaken {
 }
 
 func (d *delta) use(objs *svcObjs, n int) {
-	objs.eachRef(func(set string, key []byte) { d.count(set, key, n) })
+	objs.eachRef(func(set string, a netip.Addr) { d.count(set, a, n) })
 }
 
 // useDiff counts the refcounted elements of new instead of old's, a
@@ -130,15 +130,14 @@ func (d *delta) use(objs *svcObjs, n int) {
 func (d *delta) useDiff(old, new *svcObjs) {
 	for _, e := range old.fixed {
 		if refcounted(e.set) {
-			d.count(e.set, e.e.Key, -1)
+			d.count(e.set, refAddr(e.e.Key), -1)
 		}
 	}
 	for _, e := range new.fixed {
 		if refcounted(e.set) {
-			d.count(e.set, e.e.Key, +1)
+			d.count(e.set, refAddr(e.e.Key), +1)
 		}
 	}
-	var buf [32]byte
 	for g := range old.slots {
 		o, n := old.slots[g], new.slots[g]
 		for j := range max(len(o), len(n)) {
@@ -153,21 +152,21 @@ func (d *delta) useDiff(old, new *svcObjs) {
 				continue
 			}
 			if a.IsValid() {
-				d.count(setHairpin, hairpinKey(buf[:0], a), -1)
+				d.count(setHairpin, a, -1)
 			}
 			if b.IsValid() {
-				d.count(setHairpin, hairpinKey(buf[:0], b), +1)
+				d.count(setHairpin, b, +1)
 			}
 		}
 	}
 }
 
-// count adds n to the use count of key in set.
-func (d *delta) count(set string, key []byte, n int) {
+// count adds n to the use count of a's element in set.
+func (d *delta) count(set string, a netip.Addr, n int) {
 	if d.refs[set] == nil {
-		d.refs[set] = map[string]int{}
+		d.refs[set] = map[netip.Addr]int{}
 	}
-	d.refs[set][string(key)] += n
+	d.refs[set][a] += n
 }
 
 // apply makes the change part of the base state.
@@ -194,7 +193,7 @@ func (d *delta) apply() {
 	}
 	for set, m := range d.refs {
 		if st.refs[set] == nil {
-			st.refs[set] = map[string]int{}
+			st.refs[set] = map[netip.Addr]int{}
 		}
 		for k, n := range m {
 			if st.refs[set][k] += n; st.refs[set][k] <= 0 {
@@ -504,10 +503,10 @@ func (b *backend) diffShared(p *plan, d *delta) {
 		p.addElems = append(p.addElems, grouped(nil, adds)...)
 	}()
 	for set, m := range d.refs {
-		for k, n := range m {
-			before := d.base.refs[set][k]
+		for a, n := range m {
+			before := d.base.refs[set][a]
 			after := before + n
-			key := []byte(k)
+			key := b.fi.refKey(nil, set, a)
 			switch {
 			case before == 0 && after > 0:
 				adds[set] = append(adds[set], elem{Key: key})

@@ -230,6 +230,9 @@ func (s *svcRender) toShared(kind shardObjKind) *verdict {
 // where it can.
 func (s *svcRender) slotsOf(which uint32, eps []netip.AddrPort) []netip.AddrPort {
 	slots := stableSlots(s.prevSlots[which], eps)
+	if which != 0 && slices.Equal(slots, s.o.slots[0]) {
+		slots = s.o.slots[0] // one copy when the groups agree
+	}
 	s.o.slots[which] = slots
 	return slots
 }

@@ -41,7 +41,13 @@ func testAIDs() func() uint32 {
 func elemsOf(o *svcObjs, set string) []elem {
 	var out []elem
 	all := o.ownElems()
-	o.eachRef(func(set string, key []byte) { all = append(all, setElem{set: set, e: elem{Key: bytes.Clone(key)}}) })
+	fi := familyInfoOf(model.IPv4)
+	o.eachRef(func(set string, a netip.Addr) {
+		if a.Is6() {
+			fi = familyInfoOf(model.IPv6)
+		}
+		all = append(all, setElem{set: set, e: elem{Key: fi.refKey(nil, set, a)}})
+	})
 	for _, e := range all {
 		if e.set == set {
 			out = append(out, e.e)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -74,7 +73,7 @@ type state struct {
 	// nextAID is the next affinity id. Affinity ids are never reused.
 	nextAID uint32
 	// refs counts the users of each element of a refcounted set.
-	refs map[string]map[string]int
+	refs refCounts
 	// owners maps the dispatch keys (addresses, node ports, firewall
 	// keys) to the service port that holds them.
 	owners map[string]map[string]model.ServicePortName
@@ -102,7 +101,7 @@ func newState() *state {
 		services: map[model.ServicePortName]*svcState{},
 		nextID:   1,
 		nextAID:  1,
-		refs:     map[string]map[string]int{},
+		refs:     refCounts{},
 		owners:   map[string]map[string]model.ServicePortName{},
 		objects:  objectCounts{},
 	}
@@ -139,21 +138,39 @@ func (o *svcObjs) ownedKeys(f func(space, key, set string) bool) {
 	}
 }
 
-// eachRef calls f with the set and key of each of o's elements of
-// refcounted sets (hairpin and cluster-ips). key is only valid during the
-// call.
-func (o *svcObjs) eachRef(f func(set string, key []byte)) {
+// refCounts counts the users of the elements of the refcounted sets, by
+// set and by the address an element is made of (see familyInfo.refKey):
+// addresses, not keys, spare a string per element.
+type refCounts map[string]map[netip.Addr]int
+
+// eachRef calls f with the set and address of each of o's elements of
+// refcounted sets (hairpin and cluster-ips).
+func (o *svcObjs) eachRef(f func(set string, a netip.Addr)) {
 	for _, e := range o.fixed {
 		if refcounted(e.set) {
-			f(e.set, e.e.Key)
+			f(e.set, refAddr(e.e.Key))
 		}
 	}
-	var buf [32]byte
 	for _, slots := range o.slots {
 		for _, ep := range slots {
-			f(setHairpin, hairpinKey(buf[:0], ep.Addr()))
+			f(setHairpin, ep.Addr())
 		}
 	}
+}
+
+// refAddr returns the address of a cluster-ips key.
+func refAddr(key []byte) netip.Addr {
+	a, _ := netip.AddrFromSlice(key)
+	return a
+}
+
+// refKey appends the key of a's element of refcounted set to buf: the
+// address twice for hairpin, else the address.
+func (fi *familyInfo) refKey(buf []byte, set string, a netip.Addr) []byte {
+	if set == setHairpin {
+		return hairpinKey(buf, a)
+	}
+	return append(buf, fi.Addr(a)...)
 }
 
 // hairpinKey appends the hairpin element of an endpoint address to buf:
@@ -374,7 +391,7 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		st.nextID = old.nextID
 	}
 	errs := map[model.ServicePortName]error{}
-	names := slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare)
+	names := sortedNames(req.State.Services)
 	// Service ports that stay keep their ids; the others are free.
 	used := map[uint32]bool{}
 	for _, name := range names {
@@ -397,8 +414,8 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 			eps += len(t.Internal) + len(t.External)
 		}
 	}
-	st.refs[setHairpin] = make(map[string]int, eps)
-	st.refs[setClusterIPs] = make(map[string]int, len(req.State.Services))
+	st.refs[setHairpin] = make(map[netip.Addr]int, eps)
+	st.refs[setClusterIPs] = make(map[netip.Addr]int, len(req.State.Services))
 	newAID := func() uint32 { st.nextAID++; return st.nextAID - 1 }
 	for _, name := range names {
 		if _, ok := skip[name]; ok {
@@ -427,6 +444,16 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		st.objects.add(objs, +1)
 	}
 	return st, errs
+}
+
+// sortedNames returns the keys of m in order.
+func sortedNames[V any](m map[model.ServicePortName]V) []model.ServicePortName {
+	out := make([]model.ServicePortName, 0, len(m))
+	for n := range m {
+		out = append(out, n)
+	}
+	slices.SortFunc(out, model.ServicePortName.Compare)
+	return out
 }
 
 // allocID returns an unused service port id: the oldest free one, else a
@@ -491,7 +518,7 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 			tx.FlushSet(s.Name)
 		}
 	}
-	names := slices.SortedFunc(maps.Keys(st.services), model.ServicePortName.Compare)
+	names := sortedNames(st.services)
 	var svcChains []*chainObj
 	for _, n := range names {
 		objs := st.services[n].objs
@@ -557,7 +584,26 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 		slots []netip.AddrPort
 	}
 	rangesBySet := map[string][]rangeRef{}
-	for _, e := range b.staticElems(st) {
+	static := b.staticElems(st)
+	if !perService {
+		// Sized first: growing slices of 100,000 elements allocates
+		// several times their size.
+		sizes := map[string]int{}
+		for _, e := range static {
+			sizes[e.set]++
+		}
+		for _, s := range st.services {
+			for _, e := range s.objs.fixed {
+				sizes[e.set]++
+			}
+		}
+		for set, n := range sizes {
+			if !refcounted(set) {
+				bySet[set] = make([]elem, 0, n)
+			}
+		}
+	}
+	for _, e := range static {
 		bySet[e.set] = append(bySet[e.set], e.e)
 	}
 	for _, n := range names {
@@ -584,15 +630,15 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 		}
 	}
 	tx.SetOwner(owner(nil))
-	for set, keys := range st.refs {
-		// In key order, so that the batch, and its fingerprint, depend
-		// on st alone.
-		bySet[set] = slices.Grow(bySet[set], len(keys))
-		for _, k := range slices.Sorted(maps.Keys(keys)) {
-			bySet[set] = append(bySet[set], elem{Key: []byte(k)})
-		}
-	}
+	// Elements go into the batch in chunks, spelled out in buf and keys.
 	var buf []elem
+	var keys []byte
+	flush := func(set string) {
+		if len(buf) > 0 {
+			tx.AddElems(set, buf)
+		}
+		buf, keys = buf[:0], keys[:0]
+	}
 	for _, s := range specs {
 		if len(bySet[s.Name]) > 0 {
 			if s.Interval {
@@ -600,19 +646,36 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 			}
 			tx.AddElems(s.Name, bySet[s.Name])
 		}
+		if refs := st.refs[s.Name]; len(refs) > 0 {
+			// In key order, so that the batch, and its fingerprint,
+			// depend on st alone; in chunks, through one buffer.
+			addrs := make([]netip.Addr, 0, len(refs))
+			for a := range refs {
+				addrs = append(addrs, a)
+			}
+			slices.SortFunc(addrs, netip.Addr.Compare)
+			for _, a := range addrs {
+				start := len(keys)
+				keys = b.fi.refKey(keys, s.Name, a)
+				buf = append(buf, elem{Key: keys[start:len(keys):len(keys)]})
+				if len(buf) >= 4096 {
+					flush(s.Name)
+				}
+			}
+			flush(s.Name)
+		}
 		refs := rangesBySet[s.Name]
 		slices.SortFunc(refs, func(a, b rangeRef) int { return bytes.Compare(a.r.prefix, b.r.prefix) })
 		for _, ref := range refs {
-			buf = appendRanges(buf, ref.r, ref.slots)
+			starts := rangeStarts(len(ref.slots))
+			for i, ep := range ref.slots {
+				buf, keys = appendRangeBuf(buf, keys, ref.r, starts, i, ep)
+			}
 			if len(buf) >= 4096 {
-				tx.AddElems(s.Name, buf)
-				buf = buf[:0]
+				flush(s.Name)
 			}
 		}
-		if len(buf) > 0 {
-			tx.AddElems(s.Name, buf)
-			buf = buf[:0]
-		}
+		flush(s.Name)
 	}
 	f := &fullTx{tx: tx, chains: want, sets: wantSet}
 	b.addFingerprint(f, stale)
@@ -761,16 +824,16 @@ func describeKey(set string) string {
 
 // use adds d to the reference counts of objs' shared elements.
 func (st *state) use(objs *svcObjs, d int) {
-	objs.eachRef(func(set string, key []byte) {
+	objs.eachRef(func(set string, a netip.Addr) {
 		m := st.refs[set]
 		if m == nil {
-			m = map[string]int{}
+			m = map[netip.Addr]int{}
 			st.refs[set] = m
 		}
-		if n := m[string(key)] + d; n > 0 {
-			m[string(key)] = n
+		if n := m[a] + d; n > 0 {
+			m[a] = n
 		} else {
-			delete(m, string(key))
+			delete(m, a)
 		}
 	})
 }
