@@ -21,6 +21,12 @@ const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 // [model.ServicePort.Scheduler], trimmed and lower-cased.
 const AnnotationScheduler = "proxykit.io/scheduler"
 
+// AnnotationForwardingMode is the Service annotation that asks for how
+// traffic from outside the node reaches a remote endpoint: "snat" or
+// "dsr" (direct server return); it becomes
+// [model.ServicePort.ForwardingMode], trimmed and lower-cased.
+const AnnotationForwardingMode = "proxykit.io/forwarding-mode"
+
 // defaultAffinityTimeout is the session affinity timeout of a ClientIP
 // Service that does not set one.
 const defaultAffinityTimeout = time.Duration(v1.DefaultClientIPServiceAffinitySeconds) * time.Second
@@ -197,6 +203,9 @@ func (t *Tracker) servicePorts(svc *v1.Service) []*model.ServicePort {
 	}
 	if v, ok := svc.Annotations[AnnotationScheduler]; ok {
 		base.Scheduler = strings.ToLower(strings.TrimSpace(v))
+	}
+	if v, ok := svc.Annotations[AnnotationForwardingMode]; ok {
+		base.ForwardingMode = strings.ToLower(strings.TrimSpace(v))
 	}
 	if d := spec.TrafficDistribution; d != nil {
 		switch *d {
@@ -448,5 +457,5 @@ func servicePortEqual(a, b *model.ServicePort) bool {
 		a.InternalPolicy == b.InternalPolicy &&
 		a.TrafficDistribution == b.TrafficDistribution &&
 		a.HealthCheckNodePort == b.HealthCheckNodePort &&
-		a.Scheduler == b.Scheduler
+		a.Scheduler == b.Scheduler && a.ForwardingMode == b.ForwardingMode
 }

@@ -223,6 +223,12 @@ func TestServiceConversion(t *testing.T) {
 		}),
 		want: want{tcp: sp(tcp, 80, func(p *model.ServicePort) { p.Scheduler = "sh" })},
 	}, {
+		name: "forwarding mode annotation, trimmed and lower-cased",
+		svc: svc("a", func(s *v1.Service) {
+			s.Annotations = map[string]string{AnnotationForwardingMode: " DSR"}
+		}),
+		want: want{tcp: sp(tcp, 80, func(p *model.ServicePort) { p.ForwardingMode = "dsr" })},
+	}, {
 		name: "session affinity without config uses the default timeout",
 		svc:  svc("a", with(func(s *v1.ServiceSpec) { s.SessionAffinity = v1.ServiceAffinityClientIP })),
 		want: want{tcp: sp(tcp, 80, affinity(10800*time.Second))},

@@ -198,6 +198,15 @@ type ServicePort struct {
 	// "random". A backend that does not know the value uses its default
 	// and says so in its log.
 	Scheduler string
+	// ForwardingMode is how the service asks traffic from outside the
+	// node to reach a remote endpoint, in lower case (with Kubernetes
+	// sources: the proxykit.io/forwarding-mode annotation): "snat" (the
+	// node SNATs it, as kube-proxy does) or "dsr" (direct server
+	// return: the endpoint replies to the client itself), or empty for
+	// the proxier's own choice. Only backends that can return directly
+	// read it (the eBPF backend's tc and XDP north-south); a value they
+	// do not know leaves their default and is said in their log.
+	ForwardingMode string
 }
 
 // SourceRangesHold reports whether one of the port's

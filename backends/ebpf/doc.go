@@ -93,6 +93,16 @@
 // range, so that a client tuple keeps its SNAT tuple; a closed TCP
 // flow's port and an idle UDP flow's are taken again.
 //
+// With Config.NorthSouthForwarding [ForwardingDSR] (or [ForwardingHybrid]
+// for TCP, or a Service's proxykit.io/forwarding-mode "dsr") a flow to a
+// remote endpoint is not SNATed: the packet, translated to the endpoint,
+// goes there wrapped in IPIP (IPv6: IP6IP6) from the frontend's address,
+// with the frontend's port in the outer IPv4 id (the IPv6 flow label).
+// The endpoint's node, running the tc programs too, unwraps it when it
+// goes to one of its own endpoints (pk_nsloc), records a reverse entry,
+// and the endpoint's replies leave for the client from there, translated
+// back to the frontend. XDP passes these flows to tc.
+//
 // # North-south: XDP
 //
 // With [NorthSouthXDP] an XDP program (bpf/xdp.c, the same datapath in
@@ -109,7 +119,7 @@
 // With Config.PinPath the tc and XDP links and the north-south maps
 // are pinned (tc_pin.go): a restart keeps established and new
 // connections. See README.md for what is not there yet (SCTP, the
-// node's own output path, DSR).
+// node's own output path).
 //
 // # Lifetimes and contracts
 //

@@ -57,8 +57,14 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 func newFixture(t *testing.T, f model.IPFamily, mod func(*Config)) *fixture {
 	t.Helper()
+	return newFixtureOn(t, f, testnet.Options{}, mod)
+}
+
+// newFixtureOn is newFixture on a topology built with opts.
+func newFixtureOn(t *testing.T, f model.IPFamily, opts testnet.Options, mod func(*Config)) *fixture {
+	t.Helper()
 	testnet.RequireRoot(t)
-	tn := testnet.New(t, testnet.Options{})
+	tn := testnet.New(t, opts)
 	x := &fixture{
 		t: t, f: f, tn: tn,
 		cg:   newCgroup(t),

@@ -372,7 +372,7 @@ func configField(name string) string {
 	switch name {
 	case mapSvc4, mapSvc6, mapNSFe:
 		return "MaxServices"
-	case mapBe4, mapBe6, mapNSBe:
+	case mapBe4, mapBe6, mapNSBe, mapNSLoc:
 		return "MaxBackends"
 	case mapAff4, mapAff6, mapNSAff:
 		return "MaxAffinity"

@@ -107,7 +107,18 @@ const (
 	nsfeLocal = 2
 	// nsfeRanges: a load-balancer IP with source ranges (pk_nsrange).
 	nsfeRanges = 4
+	// nsfeDSR: a flow to a remote endpoint goes by direct server
+	// return (Forwarding).
+	nsfeDSR = 8
 )
+
+// nslocKey is a key of pk_nsloc: an endpoint of this node, to which
+// packets wrapped for direct server return are unwrapped.
+type nslocKey struct {
+	Addr [16]byte
+	Port [2]byte
+	Pad  uint16
+}
 
 // nsrangeKey is a key of pk_nsrange: a source prefix admitted to the
 // load-balancer IPs of group ID. Prefixlen counts the id's 32 bits and
@@ -159,6 +170,9 @@ type tcBackend struct {
 	// ports are the keys of st each service port holds, so that a sync
 	// that is not Full renders and writes the Changed ones alone.
 	ports map[model.ServicePortName]*portKeys
+	// badMode are the service ports whose unknown ForwardingMode was
+	// logged.
+	badMode map[model.ServicePortName]bool
 }
 
 // portKeys are the entries of the maps one service port holds: its
@@ -190,17 +204,46 @@ type nsState struct {
 	fes    map[nsfeKey]nsfeVal
 	slots  map[beKey]nsbeVal
 	ranges map[nsrangeKey]uint8
+	// locals count the local slots of each endpoint of this node, which
+	// pk_nsloc holds (read from the kernel: 1 each).
+	locals map[nslocKey]int
 }
 
 func newNSState() *nsState {
-	return &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}, ranges: map[nsrangeKey]uint8{}}
+	return &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}, ranges: map[nsrangeKey]uint8{}, locals: map[nslocKey]int{}}
+}
+
+// addLocals adds sign for each local slot of slots to counts.
+func addLocals(counts map[nslocKey]int, slots map[beKey]nsbeVal, sign int) {
+	for _, v := range slots {
+		if v.Flags&nsbeLocal != 0 {
+			counts[nslocKey{Addr: v.Addr, Port: v.Port}] += sign
+		}
+	}
+}
+
+// presence returns the keys want holds and have does not (put), and
+// those have holds and want does not (del).
+func presence(have, want map[nslocKey]int) (put, del []nslocKey) {
+	for k, n := range want {
+		if n > 0 && have[k] <= 0 {
+			put = append(put, k)
+		}
+	}
+	for k, n := range have {
+		if n > 0 && want[k] <= 0 {
+			del = append(del, k)
+		}
+	}
+	return put, del
 }
 
 // newTCBackend returns the north-south backend of family on plane,
 // holding a reference to it.
 func newTCBackend(plane *tcPlane, family model.IPFamily, log *slog.Logger) *tcBackend {
 	plane.acquire()
-	return &tcBackend{plane: plane, family: family, log: log.With("part", "tc"), groups: map[groupName]*nsGroup{}}
+	return &tcBackend{plane: plane, family: family, log: log.With("part", "tc"), groups: map[groupName]*nsGroup{},
+		badMode: map[model.ServicePortName]bool{}}
 }
 
 // Name returns "ebpf-tc".
@@ -237,7 +280,9 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 			return err
 		}
 	}
-	if err := t.write(have, want); err != nil {
+	addLocals(want.locals, want.slots, 1)
+	putL, delL := presence(have.locals, want.locals)
+	if err := t.write(have, want, putL, delL); err != nil {
 		t.st = nil
 		return err
 	}
@@ -313,6 +358,7 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 		if sp == nil {
 			delete(t.groups, groupName{name, false})
 			delete(t.groups, groupName{name, true})
+			delete(t.badMode, name)
 			continue
 		}
 		fes, slots := t.need(sp, req.Targets[name])
@@ -324,8 +370,30 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 		held[1] += slots
 		next[name] = t.renderPort(want, name, sp, req.Targets[name])
 	}
-	if err := t.write(have, want); err != nil {
+	// Endpoints of this node may serve several service ports: their
+	// pk_nsloc entries follow the count of local slots over all.
+	delta := map[nslocKey]int{}
+	addLocals(delta, have.slots, -1)
+	addLocals(delta, want.slots, 1)
+	var putL, delL []nslocKey
+	for k, d := range delta {
+		old := t.st.locals[k]
+		switch n := old + d; {
+		case old <= 0 && n > 0:
+			putL = append(putL, k)
+		case old > 0 && n <= 0:
+			delL = append(delL, k)
+		}
+	}
+	if err := t.write(have, want, putL, delL); err != nil {
 		return nil, err
+	}
+	for k, d := range delta {
+		if n := t.st.locals[k] + d; n > 0 {
+			t.st.locals[k] = n
+		} else {
+			delete(t.st.locals, k)
+		}
 	}
 	for name := range next {
 		if old := t.ports[name]; old != nil {
@@ -375,6 +443,11 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 			delete(t.groups, gn)
 		}
 	}
+	for name := range t.badMode {
+		if _, ok := req.State.Services[name]; !ok {
+			delete(t.badMode, name)
+		}
+	}
 	return st, ports, objErrs
 }
 
@@ -404,6 +477,9 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 		v.AffinitySec = affinitySec(sp)
 		if role.external && sp.ExternalLocal() {
 			v.Flags |= nsfeLocal
+		}
+		if role.external && !sp.ExternalLocal() && t.dsr(name, sp) {
+			v.Flags |= nsfeDSR
 		}
 		if v.Count == 0 && tg.HasEndpoints {
 			v.Flags |= nsfeDrop
@@ -533,6 +609,13 @@ func (t *tcBackend) readKernel() (*nsState, error) {
 	if err == nil {
 		err = t.readRanges(st)
 	}
+	if err == nil {
+		err = readAll(t.plane.objs.PkNsloc, func(k nslocKey, _ uint8) {
+			if familyOf(k.Addr) == t.family {
+				st.locals[k] = 1
+			}
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ebpf: tc: %w", err)
 	}
@@ -558,13 +641,17 @@ func (t *tcBackend) readRanges(st *nsState) error {
 
 // write turns the maps' contents have into want: new slots, then
 // frontends, then removed frontends, then removed slots, so that a
-// frontend never counts a slot that is not there.
-func (t *tcBackend) write(have, want *nsState) error {
+// frontend never counts a slot that is not there. putL and delL are the
+// endpoints of this node that pk_nsloc gains and loses.
+func (t *tcBackend) write(have, want *nsState, putL, delL []nslocKey) error {
 	putFK, putFV, delF := diffMaps(have.fes, want.fes)
 	putBK, putBV, delB := diffMaps(have.slots, want.slots)
 	putRK, _, delR := diffMaps(have.ranges, want.ranges)
 	o := t.plane.objs
-	err := batchPut(o.PkNsbe, putBK, putBV)
+	err := batchPut(o.PkNsloc, putL, make([]uint8, len(putL)))
+	if err == nil {
+		err = batchPut(o.PkNsbe, putBK, putBV)
+	}
 	if err == nil {
 		// Ranges before the frontends that check them, so that no
 		// source is refused while they are written.
@@ -581,6 +668,9 @@ func (t *tcBackend) write(have, want *nsState) error {
 	}
 	if err == nil {
 		err = delEach(o.PkNsrange, delR)
+	}
+	if err == nil {
+		err = batchDel(o.PkNsloc, delL)
 	}
 	if err != nil {
 		return fmt.Errorf("ebpf: tc: %w", err)
@@ -639,7 +729,8 @@ func (t *tcBackend) Cleanup(ctx context.Context) error {
 	err := t.plane.cleanup()
 	have, rerr := t.readKernel()
 	if rerr == nil {
-		rerr = t.write(have, newNSState())
+		_, delL := presence(have.locals, nil)
+		rerr = t.write(have, newNSState(), nil, delL)
 	}
 	t.st = nil
 	clear(t.groups)
@@ -655,4 +746,34 @@ func (t *tcBackend) Close() error {
 	err := t.plane.release()
 	t.plane = nil
 	return err
+}
+
+// dsr reports whether the external frontends of service port sp send
+// flows to remote endpoints by direct server return: its ForwardingMode
+// when it names one, else Config.NorthSouthForwarding (hybrid: TCP
+// only). An unknown ForwardingMode is logged once.
+func (t *tcBackend) dsr(name model.ServicePortName, sp *model.ServicePort) bool {
+	switch sp.ForwardingMode {
+	case string(ForwardingDSR):
+		delete(t.badMode, name)
+		return true
+	case string(ForwardingSNAT):
+		delete(t.badMode, name)
+		return false
+	case "":
+		delete(t.badMode, name)
+	default:
+		if !t.badMode[name] {
+			t.badMode[name] = true
+			t.log.Warn("unknown forwarding mode, the configured one is used", "service", name.String(),
+				"mode", sp.ForwardingMode, "want", []Forwarding{ForwardingSNAT, ForwardingDSR}, "configured", t.plane.cfg.NorthSouthForwarding)
+		}
+	}
+	switch t.plane.cfg.NorthSouthForwarding {
+	case ForwardingDSR:
+		return true
+	case ForwardingHybrid:
+		return sp.Protocol == model.TCP
+	}
+	return false
 }

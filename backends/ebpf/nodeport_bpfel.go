@@ -23,6 +23,7 @@ const (
 	nodeportMapPkNsbe      = "pk_nsbe"
 	nodeportMapPkNsct      = "pk_nsct"
 	nodeportMapPkNsfe      = "pk_nsfe"
+	nodeportMapPkNsloc     = "pk_nsloc"
 	nodeportMapPkNsrange   = "pk_nsrange"
 	nodeportMapPkNsrev     = "pk_nsrev"
 	nodeportProgPkTcExt    = "pk_tc_ext"
@@ -88,6 +89,7 @@ type nodeportMapSpecs struct {
 	PkNsbe    *ebpf.MapSpec `ebpf:"pk_nsbe"`
 	PkNsct    *ebpf.MapSpec `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.MapSpec `ebpf:"pk_nsfe"`
+	PkNsloc   *ebpf.MapSpec `ebpf:"pk_nsloc"`
 	PkNsrange *ebpf.MapSpec `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.MapSpec `ebpf:"pk_nsrev"`
 }
@@ -127,6 +129,7 @@ type nodeportMaps struct {
 	PkNsbe    *ebpf.Map `ebpf:"pk_nsbe"`
 	PkNsct    *ebpf.Map `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.Map `ebpf:"pk_nsfe"`
+	PkNsloc   *ebpf.Map `ebpf:"pk_nsloc"`
 	PkNsrange *ebpf.Map `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.Map `ebpf:"pk_nsrev"`
 }
@@ -140,6 +143,7 @@ func (m *nodeportMaps) Close() error {
 		m.PkNsbe,
 		m.PkNsct,
 		m.PkNsfe,
+		m.PkNsloc,
 		m.PkNsrange,
 		m.PkNsrev,
 	)

@@ -147,6 +147,14 @@ type Config struct {
 	// one), as in test rigs and nested nodes. Without it the XDP
 	// program passes such packets on to tc.
 	NorthSouthXDPVeth bool
+	// NorthSouthForwarding is how the tc and XDP programs send traffic
+	// from outside to an endpoint on another node: [ForwardingSNAT]
+	// (empty: SNAT to the node, as kube-proxy), [ForwardingDSR] (direct
+	// server return) or [ForwardingHybrid] (DSR for TCP, SNAT for
+	// UDP). A Service's proxykit.io/forwarding-mode annotation ("snat"
+	// or "dsr", [model.ServicePort.ForwardingMode]) overrides it for
+	// its ports.
+	NorthSouthForwarding Forwarding
 	// tcLegacy attaches the tc programs with a clsact qdisc and a
 	// cls_bpf filter even where the kernel has tcx (6.6+): tests cover
 	// both paths with it.
@@ -247,6 +255,9 @@ func (c *Config) check() error {
 		return err
 	}
 	if err := c.checkNorthSouth(); err != nil { // north-south at tc (tc.go)
+		return err
+	}
+	if err := c.checkForwarding(); err != nil {
 		return err
 	}
 	return checkMaglevTableSize(c.MaglevTableSize)

@@ -41,6 +41,30 @@ const (
 	NorthSouthTC NorthSouth = "tc"
 )
 
+// Forwarding names how the tc and XDP programs send traffic from
+// outside the node to an endpoint on another node
+// (externalTrafficPolicy Cluster).
+type Forwarding string
+
+const (
+	// ForwardingSNAT SNATs it to the node's address, as kube-proxy
+	// does: the endpoint sees the node and replies through it. It is
+	// the default.
+	ForwardingSNAT Forwarding = "snat"
+	// ForwardingDSR sends it by direct server return: the packet,
+	// translated to the endpoint but keeping the client's address, goes
+	// to the endpoint wrapped in IPIP (IPv6: IP6IP6) from the frontend's
+	// address; the endpoint's node unwraps it, and the endpoint sees the
+	// client and replies to it directly, from the frontend. The
+	// endpoint's node must run the tc programs too, and the network
+	// between the nodes must carry IPIP and let the endpoint's node
+	// reach the client.
+	ForwardingDSR Forwarding = "dsr"
+	// ForwardingHybrid is ForwardingDSR for TCP and ForwardingSNAT for
+	// UDP (whose replies, without a connection, may come from anywhere).
+	ForwardingHybrid Forwarding = "hybrid"
+)
+
 // checkNorthSouth reports a NorthSouth setting that cannot work.
 func (c *Config) checkNorthSouth() error {
 	switch c.NorthSouth {
@@ -55,6 +79,15 @@ func (c *Config) checkNorthSouth() error {
 	return fmt.Errorf("ebpf: unknown Config.NorthSouth %q (want %q, %q or %q)", c.NorthSouth, NorthSouthNFTables, NorthSouthTC, NorthSouthXDP)
 }
 
+// checkForwarding reports an unknown NorthSouthForwarding.
+func (c *Config) checkForwarding() error {
+	switch c.NorthSouthForwarding {
+	case "", ForwardingSNAT, ForwardingDSR, ForwardingHybrid:
+		return nil
+	}
+	return fmt.Errorf("ebpf: unknown Config.NorthSouthForwarding %q (want %q, %q or %q)", c.NorthSouthForwarding, ForwardingSNAT, ForwardingDSR, ForwardingHybrid)
+}
+
 // Map names of bpf/nodeport.c.
 const (
 	mapNSFe    = "pk_nsfe"
@@ -64,6 +97,7 @@ const (
 	mapIfAddr  = "pk_ifaddr"
 	mapNSAff   = "pk_nsaff"
 	mapNSRange = "pk_nsrange"
+	mapNSLoc   = "pk_nsloc"
 )
 
 // tcFilterPriority and tcFilterHandle identify the cls_bpf filters of
@@ -219,6 +253,7 @@ func (p *tcPlane) load(dp *dataplane) error {
 		mapNSCt:  p.cfg.MaxSockets,
 		mapNSRev: p.cfg.MaxSockets,
 		mapNSAff: nfam * p.cfg.MaxAffinity,
+		mapNSLoc: nfam * p.cfg.MaxBackends,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)

@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -36,7 +37,7 @@ func TestTCIncrementalSync(t *testing.T) {
 			sp.NodePort = 30443
 			sp.LoadBalancerIPs = []netip.Addr{vip(f, 30)}
 			sp.LoadBalancerSourceRanges = []netip.Prefix{netip.PrefixFrom(x.tn.Client.IP(f), x.tn.Client.IP(f).BitLen())}
-		})
+		}).WithAdded(x.localEps(8080, x.p12)...) // a shares this local endpoint from the first step to the second
 		cur := map[string]testSvc{"a": a, "b": b, "c": c}
 		steps := []struct {
 			what string
@@ -101,14 +102,27 @@ func TestTCIncrementalSync(t *testing.T) {
 			}
 		}
 		// The last state still serves: c's load-balancer IP from the client.
-		x.answers(x.client, "tcp", ap(vip(f, 30), 443), 8080, 3, x.p21)
+		x.answers(x.client, "tcp", ap(vip(f, 30), 443), 8080, 3, x.p21, x.p12)
 	})
 }
 
 func ptr[T any](v T) *T { return &v }
 
 func sameNSState(a, b *nsState) bool {
-	return a != nil && b != nil && maps.Equal(a.fes, b.fes) && maps.Equal(a.slots, b.slots) && maps.Equal(a.ranges, b.ranges)
+	return a != nil && b != nil && maps.Equal(a.fes, b.fes) && maps.Equal(a.slots, b.slots) && maps.Equal(a.ranges, b.ranges) &&
+		slices.Equal(present(a.locals), present(b.locals))
+}
+
+// present returns the endpoints locals counts at least once, sorted.
+func present(locals map[nslocKey]int) []string {
+	var out []string
+	for k, n := range locals {
+		if n > 0 {
+			out = append(out, netip.AddrPortFrom(netip.AddrFrom16(k.Addr), binary.BigEndian.Uint16(k.Port[:])).String())
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // BenchmarkTCEndpointChange: one endpoint of one service replaced, an

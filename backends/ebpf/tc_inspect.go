@@ -83,6 +83,9 @@ func (st *nsState) frontends() []proxier.Frontend {
 		if v.Flags&nsfeLocal != 0 {
 			f.Detail += ", externalTrafficPolicy Local (no SNAT)"
 		}
+		if v.Flags&nsfeDSR != 0 {
+			f.Detail += ", direct server return to remote endpoints (no SNAT)"
+		}
 		if v.AffinitySec > 0 {
 			f.Detail += fmt.Sprintf(", affinity %ds", v.AffinitySec)
 		}

@@ -143,22 +143,28 @@ func (x *tcFixture) rejected(proto string, d netip.AddrPort) {
 // no iptables rule.
 func (x *tcFixture) noNetfilter() {
 	x.t.Helper()
+	x.noNetfilterOn(x.node)
+}
+
+// noNetfilterOn is noNetfilter on node.
+func (x *tcFixture) noNetfilterOn(node *testnet.Host) {
+	x.t.Helper()
 	ctx := context.Background()
-	out, err := x.node.Exec(ctx, "nft", "list", "ruleset")
+	out, err := node.Exec(ctx, "nft", "list", "ruleset")
 	if err != nil {
-		x.t.Fatalf("nft list ruleset in node1: %v", err)
+		x.t.Fatalf("nft list ruleset in %s: %v", node.Name, err)
 	}
 	if strings.TrimSpace(out) != "" {
-		x.t.Errorf("node1 holds nftables rules:\n%s", out)
+		x.t.Errorf("%s holds nftables rules:\n%s", node.Name, out)
 	}
 	for _, cmd := range []string{"iptables-save", "ip6tables-save"} {
-		out, err := x.node.Exec(ctx, cmd)
+		out, err := node.Exec(ctx, cmd)
 		if err != nil {
 			continue // no legacy or nft iptables to ask
 		}
 		for _, l := range strings.Split(out, "\n") {
 			if strings.HasPrefix(l, "-A ") {
-				x.t.Errorf("node1 holds an iptables rule (%s): %s", cmd, l)
+				x.t.Errorf("%s holds an iptables rule (%s): %s", node.Name, cmd, l)
 			}
 		}
 	}
@@ -303,6 +309,7 @@ func TestNodeportMapLayout(t *testing.T) {
 		{mapNSFe, nsfeKey{}, nsfeVal{}},
 		{mapNSBe, beKey{}, nsbeVal{}},
 		{mapIfAddr, ifaddrKey{}, [16]byte{}},
+		{mapNSLoc, nslocKey{}, uint8(0)},
 		{mapNode4, [4]byte{}, uint8(0)},
 		{mapNode6, svc6Key{}, uint8(0)},
 	} {

@@ -1,10 +1,12 @@
 package ebpf
 
 import (
+	"log/slog"
 	"net/netip"
 	"testing"
 
 	"github.com/proxykit/proxykit/model"
+	"github.com/proxykit/proxykit/proxier"
 )
 
 // TestCheckNorthSouth: the accepted values, and tc with SocketOnly.
@@ -21,6 +23,62 @@ func TestCheckNorthSouth(t *testing.T) {
 		cfg := Config{NorthSouth: c.ns, SocketOnly: c.socketOnly}
 		if err := cfg.checkNorthSouth(); (err == nil) != c.ok {
 			t.Errorf("NorthSouth %q SocketOnly %v: %v, want ok %v", c.ns, c.socketOnly, err, c.ok)
+		}
+	}
+}
+
+// TestCheckForwarding: the accepted NorthSouthForwarding values.
+func TestCheckForwarding(t *testing.T) {
+	for _, c := range []struct {
+		fw Forwarding
+		ok bool
+	}{{"", true}, {ForwardingSNAT, true}, {ForwardingDSR, true}, {ForwardingHybrid, true}, {"DSR", false}, {"geneve", false}} {
+		cfg := Config{NorthSouthForwarding: c.fw}
+		if err := cfg.checkForwarding(); (err == nil) != c.ok {
+			t.Errorf("NorthSouthForwarding %q: %v, want ok %v", c.fw, err, c.ok)
+		}
+	}
+}
+
+// TestTCDSRFlag: the external frontends of a service port carry the
+// direct-server-return flag as its forwarding mode, else the
+// configuration, says (hybrid: TCP only); cluster IP and Local frontends
+// never do.
+func TestTCDSRFlag(t *testing.T) {
+	for _, c := range []struct {
+		cfg   Forwarding
+		mode  string
+		proto model.Protocol
+		local bool
+		want  bool
+	}{
+		{"", "", model.TCP, false, false},
+		{ForwardingSNAT, "", model.TCP, false, false},
+		{ForwardingDSR, "", model.UDP, false, true},
+		{ForwardingHybrid, "", model.TCP, false, true},
+		{ForwardingHybrid, "", model.UDP, false, false},
+		{"", "dsr", model.UDP, false, true},
+		{ForwardingDSR, "snat", model.TCP, false, false},
+		{ForwardingDSR, "bogus", model.TCP, false, true},
+		{ForwardingDSR, "", model.TCP, true, false},
+	} {
+		tb := &tcBackend{plane: &tcPlane{cfg: Config{NorthSouthForwarding: c.cfg}}, family: model.IPv4, log: slog.New(slog.DiscardHandler),
+			groups: map[groupName]*nsGroup{}, badMode: map[model.ServicePortName]bool{}}
+		sp := &model.ServicePort{Name: model.ServicePortName{ServiceName: model.ServiceName{Namespace: "ns", Name: "s"}, Protocol: c.proto}, Protocol: c.proto, Port: 80,
+			ClusterIP: netip.MustParseAddr("10.96.0.1"), NodePort: 30080, ForwardingMode: c.mode}
+		if c.local {
+			sp.ExternalPolicy = model.PolicyLocal
+		}
+		st := newNSState()
+		tb.renderPort(st, sp.Name, sp, &proxier.Targets{})
+		for k, v := range st.fes {
+			external := k.Addr != mapped16(sp.ClusterIP)
+			if got := v.Flags&nsfeDSR != 0; got != (c.want && external) {
+				t.Errorf("config %q, mode %q, %s, local %v: frontend %v has DSR %v, want %v", c.cfg, c.mode, c.proto, c.local, netip.AddrFrom16(k.Addr), got, c.want && external)
+			}
+		}
+		if len(st.fes) != 2 {
+			t.Errorf("%d frontends, want 2", len(st.fes))
 		}
 	}
 }

@@ -23,6 +23,7 @@ const (
 	xdpMapPkNsbe      = "pk_nsbe"
 	xdpMapPkNsct      = "pk_nsct"
 	xdpMapPkNsfe      = "pk_nsfe"
+	xdpMapPkNsloc     = "pk_nsloc"
 	xdpMapPkNsrange   = "pk_nsrange"
 	xdpMapPkNsrev     = "pk_nsrev"
 	xdpMapPkXdpstat   = "pk_xdpstat"
@@ -88,6 +89,7 @@ type xdpMapSpecs struct {
 	PkNsbe    *ebpf.MapSpec `ebpf:"pk_nsbe"`
 	PkNsct    *ebpf.MapSpec `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.MapSpec `ebpf:"pk_nsfe"`
+	PkNsloc   *ebpf.MapSpec `ebpf:"pk_nsloc"`
 	PkNsrange *ebpf.MapSpec `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.MapSpec `ebpf:"pk_nsrev"`
 	PkXdpstat *ebpf.MapSpec `ebpf:"pk_xdpstat"`
@@ -129,6 +131,7 @@ type xdpMaps struct {
 	PkNsbe    *ebpf.Map `ebpf:"pk_nsbe"`
 	PkNsct    *ebpf.Map `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.Map `ebpf:"pk_nsfe"`
+	PkNsloc   *ebpf.Map `ebpf:"pk_nsloc"`
 	PkNsrange *ebpf.Map `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.Map `ebpf:"pk_nsrev"`
 	PkXdpstat *ebpf.Map `ebpf:"pk_xdpstat"`
@@ -144,6 +147,7 @@ func (m *xdpMaps) Close() error {
 		m.PkNsbe,
 		m.PkNsct,
 		m.PkNsfe,
+		m.PkNsloc,
 		m.PkNsrange,
 		m.PkNsrev,
 		m.PkXdpstat,

@@ -47,6 +47,12 @@ type Options struct {
 	// Node1Pods and Node2Pods are the numbers of pods behind node1 and
 	// node2; zero means 3 and 2. At most 200 each.
 	Node1Pods, Node2Pods int
+	// ClientToNode2 links the client to node2 too (node2's interface
+	// "client", the client's "eth1"), and routes node2's packets to the
+	// client's addresses over it: node2 reaches the client without
+	// node1, as with direct server return. The client still reaches
+	// every service through node1.
+	ClientToNode2 bool
 }
 
 // Host is one namespace of the topology with its primary addresses.
@@ -73,8 +79,9 @@ func (h *Host) IP(f model.IPFamily) netip.Addr {
 // Node is a node namespace: it routes to its pods.
 type Node struct {
 	Host
-	// ExternalIPv4 and ExternalIPv6 are node1's addresses toward the
-	// client; invalid for node2.
+	// ExternalIPv4 and ExternalIPv6 are the node's addresses toward the
+	// client: node1's, and node2's with Options.ClientToNode2 (else
+	// invalid).
 	ExternalIPv4, ExternalIPv6 netip.Addr
 	// UplinkIPv4 and UplinkIPv6 are node1's addresses toward the uplink,
 	// where its default route points; invalid for node2.
@@ -357,7 +364,7 @@ func (t *Topology) build(opts Options) error {
 			return err
 		}
 	}
-	if err := t.wireHosts(); err != nil {
+	if err := t.wireHosts(opts); err != nil {
 		return err
 	}
 	for _, node := range []*Node{t.Node1, t.Node2} {
@@ -583,7 +590,7 @@ func (t *Topology) prepare(ns *NS, router bool) error {
 
 // wireHosts links node1 to the client, node2 and the uplink, and sets
 // the hosts' addresses and routes.
-func (t *Topology) wireHosts() error {
+func (t *Topology) wireHosts(opts Options) error {
 	n1, n2, cl, up := t.Node1, t.Node2, t.Client, t.Uplink
 	// node1's default route goes to a separate uplink, not back to the
 	// client: forwarding a packet out of the interface it came in on
@@ -605,6 +612,11 @@ func (t *Topology) wireHosts() error {
 		}
 		return a.String() + "/64"
 	}
+	if opts.ClientToNode2 {
+		if err := t.wireClientToNode2(pfx); err != nil {
+			return err
+		}
+	}
 	return errors.Join(
 		addAddrs(h1, "client", pfx(n1.ExternalIPv4), pfx(n1.ExternalIPv6)),
 		addAddrs(hc, "eth0", pfx(cl.IPv4), pfx(cl.IPv6)),
@@ -620,6 +632,25 @@ func (t *Topology) wireHosts() error {
 		addRoute(h1, "uplink", "::/0", up.IPv6.String()),
 		addRoute(h2, Node1Name, "0.0.0.0/0", n1.IPv4.String()),
 		addRoute(h2, Node1Name, "::/0", n1.IPv6.String()),
+	)
+}
+
+// wireClientToNode2 links node2 to the client (Options.ClientToNode2)
+// on a network of its own, with node2's routes to the client's
+// addresses over it.
+func (t *Topology) wireClientToNode2(pfx func(netip.Addr) string) error {
+	n2, cl := t.Node2, t.Client
+	if err := t.veth(n2.NS, "client", cl.NS, "eth1"); err != nil {
+		return err
+	}
+	clientSide4, clientSide6 := netip.MustParseAddr("10.254.0.2"), netip.MustParseAddr("2001:db8:4::2")
+	n2.ExternalIPv4, n2.ExternalIPv6 = netip.MustParseAddr("10.254.0.1"), netip.MustParseAddr("2001:db8:4::1")
+	h2, hc := t.handles[n2.NS], t.handles[cl.NS]
+	return errors.Join(
+		addAddrs(h2, "client", pfx(n2.ExternalIPv4), pfx(n2.ExternalIPv6)),
+		addAddrs(hc, "eth1", pfx(clientSide4), pfx(clientSide6)),
+		addRoute(h2, "client", cl.IPv4.String()+"/32", clientSide4.String()),
+		addRoute(h2, "client", cl.IPv6.String()+"/128", clientSide6.String()),
 	)
 }
 

@@ -20,6 +20,7 @@ import (
 // keptServiceAnnotations are the Service annotations proxiers read.
 var keptServiceAnnotations = []string{
 	changetracker.AnnotationScheduler,
+	changetracker.AnnotationForwardingMode,
 	v1.AnnotationLoadBalancerSourceRangesKey,
 }
 

@@ -38,6 +38,7 @@ func TestLeanObjectsGiveTheSameState(t *testing.T) {
 	svc := &v1.Service{
 		ObjectMeta: richMeta("web", map[string]string{
 			changetracker.AnnotationScheduler:           "mh",
+			changetracker.AnnotationForwardingMode:      "dsr",
 			v1.AnnotationLoadBalancerSourceRangesKey:    "198.51.100.0/24",
 			"kubectl.kubernetes.io/last-applied-config": string(make([]byte, 2048)),
 		}),
@@ -86,7 +87,7 @@ func TestLeanObjectsGiveTheSameState(t *testing.T) {
 	if len(want.Services) != 1 || len(want.Endpoints) != 1 {
 		t.Fatalf("the sample gives no state: %+v", want)
 	}
-	if lean.ManagedFields != nil || lean.OwnerReferences != nil || lean.Finalizers != nil || len(lean.Annotations) != 2 || lean.Status.Conditions != nil ||
+	if lean.ManagedFields != nil || lean.OwnerReferences != nil || lean.Finalizers != nil || len(lean.Annotations) != 3 || lean.Status.Conditions != nil ||
 		lean.Labels != nil || lean.Spec.Selector != nil {
 		t.Errorf("Service not stripped: %+v %+v", lean.ObjectMeta, lean.Spec)
 	}

@@ -28,18 +28,12 @@
 
 #include "nodeport.h"
 
-/* forward sends a translated packet (whose tuple was p's, now n's;
- * rc and f are the route lookup from n's source to its destination)
- * out of the interface its route names: with the neighbour's address
- * when the kernel knows it, else resolving it (bpf_redirect_neigh).
- * Anything else (a local destination, no route, a TTL about to
- * expire, a packet the route's MTU cannot take whole) goes to the
- * stack, which forwards, fragments or answers it. */
-static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, long rc, struct bpf_fib_lookup *f)
+/* send sends a packet out of the interface its route lookup (rc, f)
+ * names: with the neighbour's address when the kernel knows it, else
+ * resolving it (bpf_redirect_neigh); -1 for any other lookup result. */
+static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_lookup *f)
 {
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		if (dec_ttl(skb, p))
-			return TC_ACT_SHOT;
 		if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) ||
 		    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0))
 			return TC_ACT_SHOT;
@@ -48,8 +42,6 @@ static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, l
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		struct bpf_redir_neigh nh = {};
 
-		if (dec_ttl(skb, p))
-			return TC_ACT_SHOT;
 		/* On return, the lookup's destination is the next hop. */
 		if (f->family == AF_INET6) {
 			nh.nh_family = AF_INET6;
@@ -60,7 +52,22 @@ static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, l
 		}
 		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
 	}
-	return TC_ACT_OK;
+	return -1;
+}
+
+/* forward sends a translated packet (whose tuple was p's, now n's;
+ * rc and f are the route lookup from n's source to its destination)
+ * out of the interface its route names (send). Anything else (a local
+ * destination, no route, a TTL about to expire, a packet the route's
+ * MTU cannot take whole) goes to the stack, which forwards, fragments
+ * or answers it. */
+static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, long rc, struct bpf_fib_lookup *f)
+{
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	if (dec_ttl(skb, p))
+		return TC_ACT_SHOT;
+	return send(skb, rc, f);
 }
 
 /* route looks up the route of p translated to n (none when its TTL is
@@ -70,10 +77,12 @@ static __always_inline long route(struct __sk_buff *skb, const struct pkt *p, co
 {
 	if (p->ttl <= 1)
 		return -1;
-	return fib(skb, p, n->saddr, n->daddr, f, 1);
+	return fib(skb, p, n->saddr, n->daddr, f, p->len);
 }
 
 static __always_inline int too_big(struct __sk_buff *skb, const struct pkt *p, __u32 mtu);
+static __always_inline int encap(struct __sk_buff *skb, const struct pkt *p, const struct nat *n,
+				 struct bpf_fib_lookup *f);
 
 /* translate rewrites p to n and forwards it. A packet too big for the
  * route that may not be fragmented (IPv4 with DF, any IPv6) is answered,
@@ -84,7 +93,11 @@ static __always_inline int too_big(struct __sk_buff *skb, const struct pkt *p, _
 static __always_inline int translate(struct __sk_buff *skb, const struct pkt *p, const struct nat *n)
 {
 	struct bpf_fib_lookup f;
-	long rc = route(skb, p, n, &f);
+	long rc;
+
+	if (n->flags & NAT_DSR)
+		return encap(skb, p, n, &f);
+	rc = route(skb, p, n, &f);
 
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && skb->gso_segs <= 1 && (p->v6 || p->df))
 		return too_big(skb, p, f.mtu_result);
@@ -345,11 +358,154 @@ static __always_inline int related(struct __sk_buff *skb, struct pkt *p)
 	return forward(skb, p, rc, &f);
 }
 
+#define IPPROTO_IPIP 4
+#define IPPROTO_IPV6 41
+
+/* encap sends p, translated to n (DNAT alone: a flow by direct server
+ * return), to its endpoint inside an outer IPv4 (IPv6) header from the
+ * frontend's address to the endpoint's, which names the frontend's port
+ * in its id (the low 16 bits of its flow label); the endpoint's node
+ * unwraps it (decap). A packet that the route's MTU cannot take with
+ * the outer header is answered as translate answers one, naming the MTU
+ * left for it. Without a route (or with a TTL about to expire) the
+ * packet goes to the stack translated and unwrapped. */
+static __always_inline int encap(struct __sk_buff *skb, const struct pkt *p, const struct nat *n,
+				 struct bpf_fib_lookup *f)
+{
+	__u32 hl = p->v6 ? sizeof(struct iphdr6) : sizeof(struct iphdr4);
+	long rc = -1;
+
+	if (p->ttl > 1)
+		rc = fib(skb, p, p->t.daddr, n->daddr, f, p->len + hl);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && skb->gso_segs <= 1 && (p->v6 || p->df))
+		return too_big(skb, p, f->mtu_result - hl);
+	if (rewrite(skb, p, n))
+		return TC_ACT_SHOT;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK;
+	if (dec_ttl(skb, p))
+		return TC_ACT_SHOT;
+	if (p->v6) {
+		struct iphdr6 h = {
+			.ver_tc_flow = bpf_htonl(0x60000000) | (p->flow & bpf_htonl(0x0ff00000)) |
+				       bpf_htonl(bpf_ntohs(p->t.dport)),
+			.payload_len = bpf_htons(p->len),
+			.nexthdr = IPPROTO_IPV6,
+			.hop_limit = 64,
+		};
+		copy16(h.saddr, p->t.daddr);
+		copy16(h.daddr, n->daddr);
+		if (bpf_skb_adjust_room(skb, hl, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0))
+			return TC_ACT_SHOT;
+	} else {
+		struct iphdr4 h = {
+			.ver_ihl = 0x45,
+			.tos = p->tos,
+			.tot_len = bpf_htons(p->len + sizeof(h)),
+			.id = p->t.dport,
+			.frag_off = p->df ? bpf_htons(IP_DF) : 0,
+			.ttl = 64,
+			.proto = IPPROTO_IPIP,
+			.saddr = p->t.daddr[3],
+			.daddr = n->daddr[3],
+		};
+		h.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&h, sizeof(h), 0));
+		if (bpf_skb_adjust_room(skb, hl, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0))
+			return TC_ACT_SHOT;
+	}
+	rc = send(skb, rc, f);
+	return rc < 0 ? TC_ACT_SHOT : rc;
+}
+
+/* decap unwraps a packet another node's program wrapped for direct
+ * server return (encap) when it goes to an endpoint of this node
+ * (pk_nsloc; the inner destination is the outer one), records the
+ * reverse entry that makes the endpoint's replies come from the
+ * frontend the outer header names, and forwards the inner packet. -1
+ * for any other packet. */
+static __always_inline int decap(struct __sk_buff *skb)
+{
+	struct nsloc_key k = { .pad = 0 };
+	struct tuple rk = { .pad = { 0, 0, 0 } };
+	struct nat rv = { .state = 0, .flags = 0 };
+	__be32 ep[4], client[4], fe[4];
+	__be16 ports[2];
+	__u32 hl;
+	__u8 l4;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr4 o, i;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &o, sizeof(o)) || o.ver_ihl != 0x45 || o.proto != IPPROTO_IPIP ||
+		    (o.frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return -1;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(o), &i, sizeof(i)) || i.ver_ihl != 0x45 ||
+		    (i.frag_off & bpf_htons(IP_MF | IP_OFFSET)) || i.daddr != o.daddr)
+			return -1;
+		hl = sizeof(o);
+		l4 = i.proto;
+		set_mapped(ep, i.daddr);
+		set_mapped(client, i.saddr);
+		set_mapped(fe, o.saddr);
+		rv.sport = o.id;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct iphdr6 o, i;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &o, sizeof(o)) || (bpf_ntohl(o.ver_tc_flow) >> 28) != 6 ||
+		    o.nexthdr != IPPROTO_IPV6)
+			return -1;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(o), &i, sizeof(i)) || (bpf_ntohl(i.ver_tc_flow) >> 28) != 6 ||
+		    !same16(i.daddr, o.daddr))
+			return -1;
+		hl = sizeof(o);
+		l4 = i.nexthdr;
+		copy16(ep, i.daddr);
+		copy16(client, i.saddr);
+		copy16(fe, o.saddr);
+		rv.sport = bpf_htons((__u16)bpf_ntohl(o.ver_tc_flow));
+	} else {
+		return -1;
+	}
+	copy16(k.addr, ep);
+	copy16(rk.saddr, ep);
+	copy16(rk.daddr, client);
+	copy16(rv.saddr, fe);
+	copy16(rv.daddr, client);
+	if ((l4 != IPPROTO_TCP && l4 != IPPROTO_UDP) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + 2 * hl, ports, sizeof(ports)))
+		return -1;
+	k.port = ports[1];
+	if (!bpf_map_lookup_elem(&pk_nsloc, &k))
+		return -1;
+	rk.sport = ports[1];
+	rk.dport = ports[0];
+	rk.proto = l4;
+	rv.dport = ports[0];
+	struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
+	if (!r || r->sport != rv.sport || !same16(r->saddr, rv.saddr)) {
+		rv.seen = now_units();
+		if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_skb_adjust_room(skb, -(__s32)hl, BPF_ADJ_ROOM_MAC, 0))
+		return TC_ACT_SHOT;
+	struct pkt p = {};
+	if (parse(skb, &p) != 0)
+		return TC_ACT_OK;
+	struct bpf_fib_lookup f;
+	long rc = p.ttl > 1 ? fib(skb, &p, p.t.saddr, p.t.daddr, &f, p.len) : -1;
+	return forward(skb, &p, rc, &f);
+}
+
 /* pk_tc_ext: the ingress of the node's external interfaces. */
 SEC("tc")
 int pk_tc_ext(struct __sk_buff *skb)
 {
-	return serve(skb, 0);
+	int v = decap(skb);
+
+	return v >= 0 ? v : serve(skb, 0);
 }
 
 /* pk_tc_pod: the ingress of every other interface (the node side of

@@ -73,6 +73,13 @@ struct nsfe_key {
 /* A load-balancer IP with loadBalancerSourceRanges: new flows from
  * sources outside the group's ranges in pk_nsrange are dropped. */
 #define NSFE_RANGES 4
+/* Direct server return: a flow to a remote endpoint is not SNATed but
+ * sent to the endpoint in an IPIP (IPv6: IP6IP6) packet, whose outer
+ * source is the frontend's address and whose IPv4 id (IPv6: the low 16
+ * bits of the flow label) is the frontend's port; the endpoint's node
+ * unwraps it (pk_nsloc) and sends the replies to the client itself,
+ * from the frontend. */
+#define NSFE_DSR 8
 
 struct nsfe_val {
 	__u32 id;           /* endpoint group: key of pk_nsbe */
@@ -144,6 +151,11 @@ struct tuple {
  * stream timeout. */
 #define UDP_IDLE_SEC 112
 
+/* A tracking entry's flow goes to its endpoint by direct server
+ * return (NSFE_DSR): its packets are wrapped, its replies never come
+ * back through this node. */
+#define NAT_DSR 1
+
 /* The rewrite of a tracked packet: its new source and destination. */
 struct nat {
 	__be32 saddr[4];
@@ -151,7 +163,7 @@ struct nat {
 	__be16 sport;
 	__be16 dport;
 	__u8 state;  /* CT_* (reverse entries only) */
-	__u8 pad;
+	__u8 flags;  /* NAT_* (tracking entries only) */
 	__u16 seen;  /* reverse entries: bpf_ktime_get_ns() >> 30 of the last packet, wrapping */
 };
 
@@ -208,6 +220,23 @@ struct {
 	__type(value, struct nsaff_val);
 	__uint(max_entries, 65536); /* Config.MaxAffinity */
 } pk_nsaff SEC(".maps");
+
+/* The endpoints of this node's service ports (address and port): a
+ * packet that another node's program wrapped for direct server return
+ * is unwrapped only when it goes to one of them. */
+struct nsloc_key {
+	__be32 addr[4];
+	__be16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nsloc_key);
+	__type(value, __u8);
+	__uint(max_entries, 65536); /* Config.MaxBackends */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pk_nsloc SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -274,16 +303,16 @@ struct pkt {
 };
 
 /* translate rewrites p to n and sends it on (the including file's). */
-static __always_inline int translate(CTX *ctx, const struct pkt *p, const struct nat *n);
+static int translate(CTX *ctx, const struct pkt *p, const struct nat *n);
 
 /* reject answers p, to a frontend without endpoints, with ICMP port
  * unreachable (the including file's). */
-static __always_inline int reject(CTX *ctx, const struct pkt *p);
+static int reject(CTX *ctx, const struct pkt *p);
 
 /* related translates p, an ICMP or ICMPv6 packet, when it is an error
  * about a packet of a tracked flow, as conntrack translates a related
  * packet (the including file's). */
-static __always_inline int related(CTX *ctx, struct pkt *p);
+static int related(CTX *ctx, struct pkt *p);
 
 
 static __always_inline void set_mapped(__be32 a[4], __be32 v4)
@@ -453,16 +482,16 @@ static __always_inline int dec_ttl(CTX *ctx, const struct pkt *p)
 }
 
 /* fib looks up the route of a packet from src to dst (ports and
- * protocol of p) arriving on the packet's interface: with mtu, whether
- * p's length fits the route's MTU (BPF_FIB_LKUP_RET_FRAG_NEEDED when
- * not, without the interface). */
+ * protocol of p) arriving on the packet's interface: with len (not 0),
+ * whether a packet of that length fits the route's MTU
+ * (BPF_FIB_LKUP_RET_FRAG_NEEDED when not, without the interface). */
 static __always_inline long fib(CTX *ctx, const struct pkt *p, const __be32 src[4], const __be32 dst[4],
-				struct bpf_fib_lookup *f, int mtu)
+				struct bpf_fib_lookup *f, __u16 len)
 {
 	__builtin_memset(f, 0, sizeof(*f));
 	f->ifindex = pk_ingress(ctx);
 	f->l4_protocol = p->t.proto;
-	f->tot_len = mtu ? p->len : 0;
+	f->tot_len = len;
 	if (p->v6) {
 		f->family = AF_INET6;
 		f->flowinfo = p->flow;
@@ -509,25 +538,35 @@ static __always_inline void note(struct nat *r, const struct pkt *p, __u8 fin_bi
 }
 
 /* closed reports whether the flow of reverse entry r is over: a TCP
- * flow closed both ways or reset, a UDP flow idle for UDP_IDLE_SEC. */
-static __always_inline int closed(const struct nat *r, __u8 proto)
+ * flow closed both ways or reset, a UDP flow idle for UDP_IDLE_SEC. A
+ * flow by direct server return (dsr) shows this node only the client's
+ * side: its FIN closes it. */
+static __always_inline int closed(const struct nat *r, __u8 proto, int dsr)
 {
+	if (proto == IPPROTO_TCP && dsr)
+		return (r->state & (CT_RST | CT_FIN_IN)) != 0;
 	if (proto == IPPROTO_TCP)
 		return (r->state & CT_RST) || (r->state & (CT_FIN_IN | CT_FIN_OUT)) == (CT_FIN_IN | CT_FIN_OUT);
 	return (__u16)(now_units() - r->seen) >= UDP_IDLE_SEC;
 }
 
-/* reply translates a reply of a tracked flow back: its source becomes
- * the frontend, its destination the client. */
-static __always_inline int reply(CTX *ctx, const struct pkt *p)
+/* V_TRANSLATE: what reply, tracked and frontend return when the packet
+ * is to be translated to the rewrite they filled in (serve calls
+ * translate once, for all three: one copy of it to verify). */
+#define V_TRANSLATE 1000
+
+/* reply finds the rewrite of a reply of a tracked flow: its source
+ * becomes the frontend, its destination the client. */
+static __always_inline int reply(CTX *ctx, const struct pkt *p, struct nat *out)
 {
 	struct nat *n = bpf_map_lookup_elem(&pk_nsrev, &p->t);
 
 	if (!n)
 		return -1;
 	note(n, p, CT_FIN_OUT);
-	struct nat copy = *n;
-	return translate(ctx, p, &copy);
+	*out = *n;
+	out->flags = 0;
+	return V_TRANSLATE;
 }
 
 /* reverse_of fills the reverse NAT entry of a flow from the client
@@ -547,7 +586,7 @@ static __always_inline void reverse_of(const struct tuple *t, const struct nat *
 	rv->sport = t->dport;
 	rv->dport = t->sport;
 	rv->state = 0;
-	rv->pad = 0;
+	rv->flags = 0;
 	rv->seen = now_units();
 }
 
@@ -570,11 +609,11 @@ static __always_inline int stale(const struct pkt *p, const struct nat *n)
 	return !still_in(fe->id, fe->count, &ep);
 }
 
-/* tracked translates a packet of a flow in pk_nsct, restoring its
- * reverse entry if the LRU evicted it. A new TCP connection (a bare SYN)
- * on the tuple of a closed one is a new flow: it picks its endpoint
+/* tracked finds the rewrite of a packet of a flow in pk_nsct, restoring
+ * its reverse entry if the LRU evicted it. A new TCP connection (a bare
+ * SYN) on the tuple of a closed one is a new flow: it picks its endpoint
  * again, as conntrack reopens a closed connection's entry. */
-static __always_inline int tracked(CTX *ctx, const struct pkt *p)
+static __always_inline int tracked(CTX *ctx, const struct pkt *p, struct nat *out)
 {
 	struct nat *e = bpf_map_lookup_elem(&pk_nsct, &p->t);
 	struct tuple rk;
@@ -585,7 +624,7 @@ static __always_inline int tracked(CTX *ctx, const struct pkt *p)
 	struct nat n = *e;
 	reverse_of(&p->t, &n, &rk, &rv);
 	struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
-	int reopen = r && p->t.proto == IPPROTO_TCP && (p->tcpflags & (TCP_SYN | TCP_ACK)) == TCP_SYN && closed(r, IPPROTO_TCP);
+	int reopen = r && p->t.proto == IPPROTO_TCP && (p->tcpflags & (TCP_SYN | TCP_ACK)) == TCP_SYN && closed(r, IPPROTO_TCP, n.flags & NAT_DSR);
 	if (reopen || stale(p, &n)) {
 		bpf_map_delete_elem(&pk_nsct, &p->t);
 		bpf_map_delete_elem(&pk_nsrev, &rk);
@@ -595,7 +634,8 @@ static __always_inline int tracked(CTX *ctx, const struct pkt *p)
 		note(r, p, CT_FIN_IN);
 	else
 		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
-	return translate(ctx, p, &n);
+	*out = n;
+	return V_TRANSLATE;
 }
 
 /* lookup_fe finds the frontend of p's destination: the address itself,
@@ -795,7 +835,7 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 	if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
 		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 	struct nat *own = bpf_map_lookup_elem(&pk_nsrev, &rk);
-	if (own && same_client(own, &p->t) && closed(own, p->t.proto))
+	if (own && same_client(own, &p->t) && closed(own, p->t.proto, 0))
 		return take(p, n, &rk, &rv);
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		n->sport = bpf_htons((__u16)(snat_port_min + bpf_get_prandom_u32() % span));
@@ -804,7 +844,7 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 			return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 		if (!reuse) {
 			struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
-			if (r && closed(r, p->t.proto))
+			if (r && closed(r, p->t.proto, 0))
 				reuse = n->sport;
 		}
 	}
@@ -828,15 +868,16 @@ static __always_inline int admitted(const struct nsfe_val *fe, const __be32 src[
 	return bpf_map_lookup_elem(&pk_nsrange, &k) != NULL;
 }
 
-/* frontend translates the first packet of a flow to a frontend. From
+/* frontend finds the rewrite of the first packet of a flow to a
+ * frontend (into out), or its verdict. From
  * outside (from_pod 0), a flow to a remote endpoint is SNATed to the
  * node unless the policy is Local; from a pod (a socket the connect
  * programs did not translate), only a flow to the pod itself
  * (hairpin) is. */
-static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod)
+static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod, struct nat *out)
 {
 	struct nsfe_val *fe = lookup_fe(p);
-	struct nsbe_val ep;
+	struct nsbe_val ep = {};
 	struct nat n = {};
 	int snat;
 
@@ -858,11 +899,16 @@ static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod)
 		snat = same16(ep.addr, p->t.saddr);
 	else
 		snat = !(fe->flags & NSFE_LOCAL) && !(ep.flags & NSBE_LOCAL);
+	if (snat && !from_pod && (fe->flags & NSFE_DSR)) {
+		snat = 0;
+		n.flags = NAT_DSR;
+	}
 	if (snat && snat_addr(ctx, p, ep.addr, n.saddr))
 		return V_DROP;
 	if (claim(p, &n, snat))
 		return V_DROP;
-	return translate(ctx, p, &n);
+	*out = n;
+	return V_TRANSLATE;
 }
 
 /* serve translates replies, tracked flows and new flows to frontends;
@@ -870,6 +916,7 @@ static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod)
 static __always_inline int serve(CTX *ctx, int from_pod)
 {
 	struct pkt p = {};
+	struct nat n = {};
 	int v;
 
 	v = parse(ctx, &p);
@@ -877,13 +924,11 @@ static __always_inline int serve(CTX *ctx, int from_pod)
 		return related(ctx, &p);
 	if (v < 0)
 		return V_NEXT;
-	if ((v = reply(ctx, &p)) >= 0)
-		return v;
-	if ((v = tracked(ctx, &p)) >= 0)
-		return v;
-	if ((v = frontend(ctx, &p, from_pod)) >= 0)
-		return v;
-	return V_NEXT;
+	if ((v = reply(ctx, &p, &n)) < 0 && (v = tracked(ctx, &p, &n)) < 0 && (v = frontend(ctx, &p, from_pod, &n)) < 0)
+		return V_NEXT;
+	if (v == V_TRANSLATE)
+		return translate(ctx, &p, &n);
+	return v;
 }
 
 #endif /* PROXYKIT_NODEPORT_H */

@@ -129,7 +129,8 @@ static __always_inline int translate(struct xdp_md *ctx, const struct pkt *p, co
 	struct bpf_fib_lookup f;
 	__u32 out;
 
-	if (p->ttl <= 1 || fib(ctx, p, n->saddr, n->daddr, &f, 1) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (p->ttl <= 1 || (n->flags & NAT_DSR) ||
+	    fib(ctx, p, n->saddr, n->daddr, &f, p->len) != BPF_FIB_LKUP_RET_SUCCESS)
 		goto pass;
 	out = f.ifindex;
 	if (!bpf_map_lookup_elem(&pk_xdptx, &out))
