@@ -34,6 +34,9 @@ type delta struct {
 	// are the ids of deleted service ports, free from the next sync on.
 	freeUsed int
 	freed    []uint32
+	// hairpinGrowth is the number of hairpin elements the change adds
+	// less those it deletes.
+	hairpinGrowth int
 }
 
 func newDelta(base *state) *delta {
@@ -248,6 +251,11 @@ func (b *backend) syncIncremental(ctx context.Context, req *proxier.SyncRequest)
 		d, tx, objErrs, err := b.buildIncremental(req, skip)
 		if err != nil {
 			return err
+		}
+		if size := b.st.hairpinSize; size > 0 && len(b.st.refs[setHairpin])+d.hairpinGrowth > int(size) {
+			b.log.Info("hairpin set full: a full sync sizes it again", "size", size,
+				"elements", len(b.st.refs[setHairpin])+d.hairpinGrowth)
+			return b.syncFull(ctx, req)
 		}
 		fp := b.st.fingerprint
 		if tx.Len() > 0 && fp != "" {
@@ -510,8 +518,14 @@ func (b *backend) diffShared(p *plan, d *delta) {
 			switch {
 			case before == 0 && after > 0:
 				adds[set] = append(adds[set], elem{Key: key})
+				if set == setHairpin {
+					d.hairpinGrowth++
+				}
 			case before > 0 && after <= 0:
 				dels[set] = append(dels[set], elem{Key: key})
+				if set == setHairpin {
+					d.hairpinGrowth--
+				}
 			}
 		}
 	}

@@ -181,6 +181,73 @@ func TestKernel(t *testing.T) {
 		cleanupAndCheck(t, b, topo.node)
 	})
 
+	// A big hairpin set has a size (here from 2 elements, in units of
+	// 8); an incremental sync that would overfill it is made a full
+	// one, which sizes it again; hairpin traffic is masqueraded
+	// throughout.
+	t.Run("HairpinSetSized", func(t *testing.T) {
+		b := newTestBackend(t, topo.node, model.IPv4, Config{})
+		b.hairpinUnit = 8
+		self := clusterSvc("self", model.TCP, "10.96.0.17", 80, pod1v4)
+		others := []string{"10.0.9.1:8080", "10.0.9.2:8080", "10.0.9.3:8080"}
+		other := clusterSvc("other", model.TCP, "10.96.0.18", 80, others...)
+		size := func() string {
+			t.Helper()
+			out, err := topo.node.nft("list", "set", "ip", "proxykit", setHairpin)
+			if err != nil {
+				t.Fatal(out, err)
+			}
+			for l := range strings.Lines(out) {
+				if f := strings.Fields(l); len(f) == 2 && f[0] == "size" {
+					return f[1]
+				}
+			}
+			return "none"
+		}
+		hairpin := func() {
+			t.Helper()
+			a, err := askTCP(topo.pod1, ap("10.96.0.17:80"), longWait)
+			if err != nil || a.pod != "pod1" || a.src != netip.MustParseAddr("10.0.1.1") {
+				t.Fatalf("hairpin: %v %v, want pod1 seeing 10.0.1.1", a, err)
+			}
+		}
+		mustSync(t, b, request(model.IPv4, []testSvc{self, other}, nil))
+		if got := size(); got != "8" { // 4 elements
+			t.Fatalf("size %s, want 8", got)
+		}
+		hairpin()
+		// 4 more: 8 fit.
+		others = append(others, "10.0.9.4:8080", "10.0.9.5:8080", "10.0.9.6:8080", "10.0.9.7:8080")
+		other = clusterSvc("other", model.TCP, "10.96.0.18", 80, others...)
+		mustSync(t, b, request(model.IPv4, []testSvc{self, other}, backendtest.Names(other)))
+		if b.last.full || size() != "8" {
+			t.Fatalf("8 elements: full sync %v, size %s; want an incremental one, size 8", b.last.full, size())
+		}
+		// A ninth: a full sync, size 16.
+		others = append(others, "10.0.9.8:8080")
+		other = clusterSvc("other", model.TCP, "10.96.0.18", 80, others...)
+		mustSync(t, b, request(model.IPv4, []testSvc{self, other}, backendtest.Names(other)))
+		if !b.last.full || size() != "16" {
+			t.Fatalf("9 elements: full sync %v, size %s; want a full one, size 16", b.last.full, size())
+		}
+		hairpin()
+		// A new process adopts the table, sized set included.
+		b.Close()
+		b = newTestBackend(t, topo.node, model.IPv4, Config{})
+		b.hairpinUnit = 8
+		mustSync(t, b, request(model.IPv4, []testSvc{self, other}, nil))
+		if !b.last.adopted || b.st.hairpinSize != 16 {
+			t.Fatalf("restart: adopted %v, size %d; want the table adopted, size 16", b.last.adopted, b.st.hairpinSize)
+		}
+		// Back to 1 element: the next full sync drops the size.
+		mustSync(t, b, request(model.IPv4, []testSvc{self}, nil))
+		if got := size(); got != "none" {
+			t.Fatalf("1 element after a full sync: size %s, want none", got)
+		}
+		hairpin()
+		cleanupAndCheck(t, b, topo.node)
+	})
+
 	t.Run("NodePortExternalIPLoadBalancer", func(t *testing.T) {
 		b := newTestBackend(t, topo.node, model.IPv4, Config{})
 		cluster := clusterSvc("np", model.TCP, "10.96.1.1", 80, pod1v4)

@@ -37,6 +37,9 @@ type backend struct {
 	last syncStats
 	// metrics counts failed syncs.
 	metrics *syncMetrics
+	// hairpinUnit rounds the size of the hairpin set (see hairpinSize);
+	// 0 means defaultHairpinUnit. Tests lower it.
+	hairpinUnit int
 }
 
 // syncStats describes one sync.
@@ -89,6 +92,9 @@ type state struct {
 	// hash of what the last full sync wrote (see fingerprint.go); empty
 	// once an incremental sync changed the table.
 	fingerprint string
+	// hairpinSize is the size of the table's hairpin set (0: none, a
+	// resizable hash table).
+	hairpinSize uint32
 }
 
 type svcState struct {
@@ -312,7 +318,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		built := time.Now()
 		if mode == fullTakeOver && attempt == 0 && f.holds(stale, staleSets) {
 			// The kernel holds what tx would write: adopt it.
-			st.fingerprint = f.fingerprint
+			st.fingerprint, st.hairpinSize = f.fingerprint, f.hairpinSize
 			b.st = st
 			b.last = syncStats{full: true, adopted: true, render: built.Sub(start), services: len(st.services)}
 			b.log.Info("full sync", "services", len(st.services), "messages", 0, "bytes", 0,
@@ -321,7 +327,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		}
 		err = b.conn.Commit(ctx, tx)
 		if err == nil {
-			st.fingerprint = f.fingerprint
+			st.fingerprint, st.hairpinSize = f.fingerprint, f.hairpinSize
 			b.st = st
 			b.last = syncStats{full: true, render: built.Sub(start), kernel: time.Since(built),
 				messages: tx.Len(), bytes: tx.Size(), elems: tx.Elems(), services: len(st.services)}
@@ -446,6 +452,29 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 	return st, errs
 }
 
+// defaultHairpinUnit rounds the size of the hairpin set.
+const defaultHairpinUnit = 1 << 16
+
+// hairpinSize returns the size of a hairpin set of n elements: none (0,
+// a resizable hash table) below a quarter of the unit (16,384), else n
+// and half as many again, rounded up to a multiple of the unit
+// (65,536). With a size the kernel
+// picks a hash table of fixed buckets (nft_hash); without, an rhashtable
+// (nft_rhash), whose inserts took a third of the kernel's commit of a
+// million hairpin elements (rhashtable_insert_slow, growing it while
+// filling it). The size also bounds the set: an incremental sync that
+// would go beyond it is made a full one, which sizes the set again.
+func (b *backend) hairpinSize(n int) uint32 {
+	unit := b.hairpinUnit
+	if unit == 0 {
+		unit = defaultHairpinUnit
+	}
+	if n < unit/4 {
+		return 0
+	}
+	return uint32((n + n/2 + unit - 1) / unit * unit)
+}
+
 // sortedNames returns the keys of m in order.
 func sortedNames[V any](m map[model.ServicePortName]V) []model.ServicePortName {
 	out := make([]model.ServicePortName, 0, len(m))
@@ -477,6 +506,8 @@ type fullTx struct {
 	chains, sets map[string]bool
 	// fingerprint is the fingerprint chain tx adds.
 	fingerprint string
+	// hairpinSize is the size of the hairpin set tx leaves.
+	hairpinSize uint32
 }
 
 // fullBatch builds the transaction that makes the kernel hold st, given
@@ -511,9 +542,28 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 		}
 	}
 	wantSet := map[string]bool{}
+	// The hairpin set is sized from its elements. The kernel ignores
+	// another size of a set that exists: when its size may differ, it
+	// is deleted, once the one rule that reads it is flushed, and added
+	// again in its place (neither flushes nor deletions count in the
+	// fingerprint, so the batch has the fingerprint of one that
+	// creates the table).
+	hairpin := b.hairpinSize(len(st.refs[setHairpin]))
 	for _, s := range specs {
-		tx.AddSet(s)
 		wantSet[s.Name] = true
+		if s.Name == setHairpin {
+			s.Size = hairpin
+			exists := mode == fullInPlace || slices.Contains(staleSets, setHairpin)
+			if !fresh && exists && (mode == fullTakeOver || b.st.hairpinSize != hairpin) {
+				if mode == fullInPlace || slices.Contains(stale, chainNATPostrouting) {
+					tx.FlushChain(chainNATPostrouting)
+				}
+				tx.DelSet(s.Name)
+				tx.AddSet(s)
+				continue
+			}
+		}
+		tx.AddSet(s)
 		if !fresh && (mode == fullTakeOver || !strings.HasPrefix(s.Name, setAffinityPrefix)) {
 			tx.FlushSet(s.Name)
 		}
@@ -677,7 +727,7 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 		}
 		flush(s.Name)
 	}
-	f := &fullTx{tx: tx, chains: want, sets: wantSet}
+	f := &fullTx{tx: tx, chains: want, sets: wantSet, hairpinSize: hairpin}
 	b.addFingerprint(f, stale)
 	return f, nil
 }
