@@ -75,7 +75,7 @@
 // ingress of every Ethernet interface of the node's namespace serve
 // node ports, external and load-balancer IPs (and cluster IPs reached
 // as packets): frontend lookup, source ranges, endpoint pick (random,
-// or the client's with session affinity), DNAT, SNAT to the node for a
+// Maglev per service port, or the client's with session affinity), DNAT, SNAT to the node for a
 // remote endpoint with externalTrafficPolicy Cluster, connection
 // tracking and reverse NAT in LRU maps, forwarding with bpf_fib_lookup
 // and bpf_redirect_neigh, ICMP port unreachable for services without

@@ -380,7 +380,7 @@ func configField(name string) string {
 		return "MaxAffinity"
 	case mapRev, mapNSCt, mapNSRev:
 		return "MaxSockets"
-	case mapMag4, mapMag6:
+	case mapMag4, mapMag6, mapNSMag:
 		return "MaxMaglevTables"
 	}
 	return "(fixed size)"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -110,6 +111,9 @@ const (
 	// nsfeDSR: a flow to a remote endpoint goes by direct server
 	// return (Forwarding).
 	nsfeDSR = 8
+	// nsfeMaglev: a new flow picks with the group's Maglev table
+	// (pk_nsmag).
+	nsfeMaglev = 16
 )
 
 // nslocKey is a key of pk_nsloc: an endpoint of this node, to which
@@ -173,6 +177,8 @@ type tcBackend struct {
 	// badMode are the service ports whose unknown ForwardingMode was
 	// logged.
 	badMode map[model.ServicePortName]bool
+	// rows builds and writes the Maglev tables of pk_nsmag.
+	rows *rowWriter
 }
 
 // portKeys are the entries of the maps one service port holds: its
@@ -181,6 +187,7 @@ type portKeys struct {
 	fes    []nsfeKey
 	slots  []beKey
 	ranges []nsrangeKey
+	tables []uint32
 }
 
 var _ proxier.Backend = (*tcBackend)(nil)
@@ -207,10 +214,42 @@ type nsState struct {
 	// locals count the local slots of each endpoint of this node, which
 	// pk_nsloc holds (read from the kernel: 1 each).
 	locals map[nslocKey]int
+	// tables are the Maglev tables of pk_nsmag by group id.
+	tables map[uint32]nsTable
+}
+
+// nsTable is a Maglev table of pk_nsmag: the endpoints it was built
+// from, or (read from the kernel) its fingerprint.
+type nsTable struct {
+	eps []netip.AddrPort
+	sum uint64
 }
 
 func newNSState() *nsState {
-	return &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}, ranges: map[nsrangeKey]uint8{}, locals: map[nslocKey]int{}}
+	return &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}, ranges: map[nsrangeKey]uint8{}, locals: map[nslocKey]int{},
+		tables: map[uint32]nsTable{}}
+}
+
+// tableOpsNS returns the Maglev tables that turn have's into want's: the
+// groups whose table is written (new, or built from other endpoints) and
+// the ids whose table is deleted.
+func (t *tcBackend) tableOpsNS(have, want *nsState) (put []*group, del []uint32) {
+	for id, w := range want.tables {
+		h, ok := have.tables[id]
+		switch {
+		case ok && h.eps != nil && slices.Equal(h.eps, w.eps):
+			continue
+		case ok && h.eps == nil && h.sum == tableSum(t.rows.seed, maglevTable(w.eps, t.rows.m, nil)):
+			continue
+		}
+		put = append(put, &group{id: id, eps: w.eps})
+	}
+	for id := range have.tables {
+		if _, ok := want.tables[id]; !ok {
+			del = append(del, id)
+		}
+	}
+	return put, del
 }
 
 // addLocals adds sign for each local slot of slots to counts.
@@ -243,7 +282,7 @@ func presence(have, want map[nslocKey]int) (put, del []nslocKey) {
 func newTCBackend(plane *tcPlane, family model.IPFamily, log *slog.Logger) *tcBackend {
 	plane.acquire()
 	return &tcBackend{plane: plane, family: family, log: log.With("part", "tc"), groups: map[groupName]*nsGroup{},
-		badMode: map[model.ServicePortName]bool{}}
+		badMode: map[model.ServicePortName]bool{}, rows: newRowWriter(plane.cfg.MaglevTableSize, maphash.MakeSeed())}
 }
 
 // Name returns "ebpf-tc".
@@ -290,35 +329,40 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	return errors.Join(t.plane.refresh(), proxier.JoinObjectErrors(objErrs))
 }
 
-// fits reports whether a service port needing fes frontends and slots
-// endpoint slots fits the maps next to held (what the family's other
-// service ports hold), and else says which map it overflows: the
+// fits reports whether fes frontends and slots endpoint slots, all of
+// the family, fit the maps, and else says which map they overflow: the
 // family's share of pk_nsfe is MaxServices, of pk_nsbe MaxBackends.
-func (t *tcBackend) fits(held [2]int, fes, slots int) error {
+func (t *tcBackend) fits(fes, slots int) error {
 	cfg := &t.plane.cfg
-	if held[0]+fes > cfg.MaxServices {
+	if fes > cfg.MaxServices {
 		return &MapFullError{Map: mapNSFe, Field: "MaxServices", Size: cfg.MaxServices}
 	}
-	if held[1]+slots > cfg.MaxBackends {
+	if slots > cfg.MaxBackends {
 		return &MapFullError{Map: mapNSBe, Field: "MaxBackends", Size: cfg.MaxBackends}
 	}
 	return nil
 }
 
-// need returns the frontends and endpoint slots service port sp holds
-// with targets tg.
-func (t *tcBackend) need(sp *model.ServicePort, tg *proxier.Targets) (fes, slots int) {
-	if tg == nil {
-		tg = &proxier.Targets{}
+// portPlan is what a service port holds at tc: its frontends and the
+// distinct endpoints of the groups they use (internal, external),
+// computed once to admit the port and to render it.
+type portPlan struct {
+	internal, external, ranged []nsfeKey
+	eps                        [2][]netip.AddrPort
+}
+
+// plan returns the plan of service port sp with targets tg, and the
+// frontends and endpoint slots it holds.
+func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) (p *portPlan, fes, slots int) {
+	p = &portPlan{}
+	p.internal, p.external, p.ranged = tcFrontends(t.family, sp)
+	if len(p.internal) > 0 {
+		p.eps[0] = addrs(tg.Internal)
 	}
-	internal, external, ranged := tcFrontends(t.family, sp)
-	if len(internal) > 0 {
-		slots += len(addrs(tg.Internal))
+	if len(p.external) > 0 || len(p.ranged) > 0 {
+		p.eps[1] = addrs(tg.External)
 	}
-	if len(external) > 0 || len(ranged) > 0 {
-		slots += len(addrs(tg.External))
-	}
-	return len(internal) + len(external) + len(ranged), slots
+	return p, len(p.internal) + len(p.external) + len(p.ranged), len(p.eps[0]) + len(p.eps[1])
 }
 
 // leave forgets the groups of service port name, which the maps do not
@@ -347,6 +391,9 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 			for _, k := range old.ranges {
 				have.ranges[k] = t.st.ranges[k]
 			}
+			for _, id := range old.tables {
+				have.tables[id] = t.st.tables[id]
+			}
 			held[0] -= len(old.fes)
 			held[1] -= len(old.slots)
 		}
@@ -361,14 +408,15 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 			delete(t.badMode, name)
 			continue
 		}
-		fes, slots := t.need(sp, req.Targets[name])
-		if err := t.fits(held, fes, slots); err != nil {
+		tg := targetsOrNone(req.Targets[name])
+		p, fes, slots := t.plan(sp, tg)
+		if err := t.fits(held[0]+fes, held[1]+slots); err != nil {
 			objErrs[name] = t.leave(name, err)
 			continue
 		}
 		held[0] += fes
 		held[1] += slots
-		next[name] = t.renderPort(want, name, sp, req.Targets[name])
+		next[name] = t.renderPort(want, name, sp, tg, p)
 	}
 	// Endpoints of this node may serve several service ports: their
 	// pk_nsloc entries follow the count of local slots over all.
@@ -406,11 +454,15 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 			for _, k := range old.ranges {
 				delete(t.st.ranges, k)
 			}
+			for _, id := range old.tables {
+				delete(t.st.tables, id)
+			}
 		}
 	}
 	maps.Copy(t.st.fes, want.fes)
 	maps.Copy(t.st.slots, want.slots)
 	maps.Copy(t.st.ranges, want.ranges)
+	maps.Copy(t.st.tables, want.tables)
 	for name, pk := range next {
 		if pk == nil {
 			delete(t.ports, name)
@@ -431,12 +483,13 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 	objErrs := map[model.ServicePortName]error{}
 	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
 		sp, tg := req.State.Services[name], req.Targets[name]
-		fes, slots := t.need(sp, tg)
-		if err := t.fits([2]int{len(st.fes), len(st.slots)}, fes, slots); err != nil {
+		tg = targetsOrNone(tg)
+		p, fes, slots := t.plan(sp, tg)
+		if err := t.fits(len(st.fes)+fes, len(st.slots)+slots); err != nil {
 			objErrs[name] = t.leave(name, err)
 			continue
 		}
-		ports[name] = t.renderPort(st, name, sp, tg)
+		ports[name] = t.renderPort(st, name, sp, tg, p)
 	}
 	for gn := range t.groups {
 		if _, ok := ports[gn.name]; !ok {
@@ -454,23 +507,21 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 // renderPort adds the frontends, slots and source ranges of service
 // port name to st and returns their keys. A group the port no longer
 // uses is forgotten.
-func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *model.ServicePort, tg *proxier.Targets) *portKeys {
-	if tg == nil {
-		tg = &proxier.Targets{}
-	}
+func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *model.ServicePort, tg *proxier.Targets, p *portPlan) *portKeys {
 	pk := &portKeys{}
-	internal, external, ranged := tcFrontends(t.family, sp)
+	ranged := p.ranged
 	for _, role := range []struct {
 		external bool
 		fes      []nsfeKey
 		eps      []*model.Endpoint
-	}{{false, internal, tg.Internal}, {true, external, tg.External}} {
+		want     []netip.AddrPort
+	}{{false, p.internal, tg.Internal, p.eps[0]}, {true, p.external, tg.External, p.eps[1]}} {
 		gn := groupName{name, role.external}
 		if len(role.fes) == 0 && (!role.external || len(ranged) == 0) {
 			delete(t.groups, gn)
 			continue
 		}
-		v := t.renderGroup(st, t.group(gn, role.eps), role.eps)
+		v := t.renderGroup(st, t.group(gn, role.want), role.eps)
 		for i := range v.Count {
 			pk.slots = append(pk.slots, beKey{ID: v.ID, Slot: i})
 		}
@@ -480,6 +531,11 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 		}
 		if role.external && !sp.ExternalLocal() && t.dsr(name, sp) {
 			v.Flags |= nsfeDSR
+		}
+		if g := t.groups[gn]; t.maglev(sp) && len(g.eps) > 0 && len(g.eps) <= t.rows.m {
+			v.Flags |= nsfeMaglev
+			st.tables[g.id] = nsTable{eps: slices.Clone(g.eps)}
+			pk.tables = append(pk.tables, g.id)
 		}
 		if v.Count == 0 && tg.HasEndpoints {
 			v.Flags |= nsfeDrop
@@ -536,10 +592,9 @@ func (t *tcBackend) renderGroup(st *nsState, g *nsGroup, eps []*model.Endpoint) 
 	return nsfeVal{ID: g.id, Count: uint32(len(g.eps))}
 }
 
-// group returns the endpoint group gn holding eps, keeping the id and
-// the slots of endpoints that stay.
-func (t *tcBackend) group(gn groupName, eps []*model.Endpoint) *nsGroup {
-	want := addrs(eps)
+// group returns the endpoint group gn holding the distinct endpoints
+// want, keeping the id and the slots of endpoints that stay.
+func (t *tcBackend) group(gn groupName, want []netip.AddrPort) *nsGroup {
 	g := t.groups[gn]
 	if g == nil {
 		id, _ := t.ids.alloc() // 2^31 ids per process: never exhausted in practice
@@ -610,6 +665,13 @@ func (t *tcBackend) readKernel() (*nsState, error) {
 		err = t.readRanges(st)
 	}
 	if err == nil {
+		err = t.rows.scan(t.plane.objs.PkNsmag, func(id uint32, row []uint32) {
+			if (id&v6GroupBit != 0) == (t.family == model.IPv6) {
+				st.tables[id] = nsTable{sum: tableSum(t.rows.seed, row)}
+			}
+		})
+	}
+	if err == nil {
 		err = readAll(t.plane.objs.PkNsloc, func(k nslocKey, _ uint8) {
 			if familyOf(k.Addr) == t.family {
 				st.locals[k] = 1
@@ -647,10 +709,16 @@ func (t *tcBackend) write(have, want *nsState, putL, delL []nslocKey) error {
 	putFK, putFV, delF := diffMaps(have.fes, want.fes)
 	putBK, putBV, delB := diffMaps(have.slots, want.slots)
 	putRK, _, delR := diffMaps(have.ranges, want.ranges)
+	putT, delT := t.tableOpsNS(have, want)
 	o := t.plane.objs
 	err := batchPut(o.PkNsloc, putL, make([]uint8, len(putL)))
 	if err == nil {
 		err = batchPut(o.PkNsbe, putBK, putBV)
+	}
+	if err == nil && len(putT) > 0 {
+		// Tables after the slots they name, before the frontends that
+		// use them.
+		err = t.rows.put(o.PkNsmag, putT)
 	}
 	if err == nil {
 		// Ranges before the frontends that check them, so that no
@@ -662,6 +730,9 @@ func (t *tcBackend) write(have, want *nsState, putL, delL []nslocKey) error {
 	}
 	if err == nil {
 		err = batchDel(o.PkNsfe, delF)
+	}
+	if err == nil {
+		err = batchDel(o.PkNsmag, delT)
 	}
 	if err == nil {
 		err = batchDel(o.PkNsbe, delB)
@@ -776,4 +847,20 @@ func (t *tcBackend) dsr(name model.ServicePortName, sp *model.ServicePort) bool 
 		return sp.Protocol == model.TCP
 	}
 	return false
+}
+
+// maglev reports whether service port sp picks endpoints with Maglev:
+// its Scheduler's choice, else the proxier's (Config.Scheduler). The
+// socket backend logs an unknown Scheduler.
+func (t *tcBackend) maglev(sp *model.ServicePort) bool {
+	sel, _ := schedulerSelection(sp.Scheduler, t.plane.cfg.Scheduler)
+	return sel == proxier.SchedulerMaglev
+}
+
+// targetsOrNone returns tg, or no targets for nil.
+func targetsOrNone(tg *proxier.Targets) *proxier.Targets {
+	if tg == nil {
+		return &proxier.Targets{}
+	}
+	return tg
 }

@@ -16,20 +16,22 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	nodeportMapPkIfaddr    = "pk_ifaddr"
-	nodeportMapPkNode4     = "pk_node4"
-	nodeportMapPkNode6     = "pk_node6"
-	nodeportMapPkNsaff     = "pk_nsaff"
-	nodeportMapPkNsbe      = "pk_nsbe"
-	nodeportMapPkNsct      = "pk_nsct"
-	nodeportMapPkNsfe      = "pk_nsfe"
-	nodeportMapPkNsloc     = "pk_nsloc"
-	nodeportMapPkNsrange   = "pk_nsrange"
-	nodeportMapPkNsrev     = "pk_nsrev"
-	nodeportProgPkTcExt    = "pk_tc_ext"
-	nodeportProgPkTcPod    = "pk_tc_pod"
-	nodeportVarSnatPortMax = "snat_port_max"
-	nodeportVarSnatPortMin = "snat_port_min"
+	nodeportMapPkIfaddr     = "pk_ifaddr"
+	nodeportMapPkNode4      = "pk_node4"
+	nodeportMapPkNode6      = "pk_node6"
+	nodeportMapPkNsaff      = "pk_nsaff"
+	nodeportMapPkNsbe       = "pk_nsbe"
+	nodeportMapPkNsct       = "pk_nsct"
+	nodeportMapPkNsfe       = "pk_nsfe"
+	nodeportMapPkNsloc      = "pk_nsloc"
+	nodeportMapPkNsmag      = "pk_nsmag"
+	nodeportMapPkNsrange    = "pk_nsrange"
+	nodeportMapPkNsrev      = "pk_nsrev"
+	nodeportProgPkTcExt     = "pk_tc_ext"
+	nodeportProgPkTcPod     = "pk_tc_pod"
+	nodeportVarNsMaglevSize = "ns_maglev_size"
+	nodeportVarSnatPortMax  = "snat_port_max"
+	nodeportVarSnatPortMin  = "snat_port_min"
 )
 
 // loadNodeport returns the embedded CollectionSpec for nodeport.
@@ -90,6 +92,7 @@ type nodeportMapSpecs struct {
 	PkNsct    *ebpf.MapSpec `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.MapSpec `ebpf:"pk_nsfe"`
 	PkNsloc   *ebpf.MapSpec `ebpf:"pk_nsloc"`
+	PkNsmag   *ebpf.MapSpec `ebpf:"pk_nsmag"`
 	PkNsrange *ebpf.MapSpec `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.MapSpec `ebpf:"pk_nsrev"`
 }
@@ -98,8 +101,9 @@ type nodeportMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportVariableSpecs struct {
-	SnatPortMax *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	NsMaglevSize *ebpf.VariableSpec `ebpf:"ns_maglev_size"`
+	SnatPortMax  *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin  *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // nodeportObjects contains all objects after they have been loaded into the kernel.
@@ -130,6 +134,7 @@ type nodeportMaps struct {
 	PkNsct    *ebpf.Map `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.Map `ebpf:"pk_nsfe"`
 	PkNsloc   *ebpf.Map `ebpf:"pk_nsloc"`
+	PkNsmag   *ebpf.Map `ebpf:"pk_nsmag"`
 	PkNsrange *ebpf.Map `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.Map `ebpf:"pk_nsrev"`
 }
@@ -144,6 +149,7 @@ func (m *nodeportMaps) Close() error {
 		m.PkNsct,
 		m.PkNsfe,
 		m.PkNsloc,
+		m.PkNsmag,
 		m.PkNsrange,
 		m.PkNsrev,
 	)
@@ -153,8 +159,9 @@ func (m *nodeportMaps) Close() error {
 //
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportVariables struct {
-	SnatPortMax *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin *ebpf.Variable `ebpf:"snat_port_min"`
+	NsMaglevSize *ebpf.Variable `ebpf:"ns_maglev_size"`
+	SnatPortMax  *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin  *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // nodeportPrograms contains all programs after they have been loaded into the kernel.

@@ -33,7 +33,7 @@ const (
 	NorthSouthNFTables NorthSouth = "nftables"
 	// NorthSouthTC serves it with tc programs (bpf/nodeport.c) on the
 	// node's interfaces, without any netfilter rule: frontend lookup,
-	// random endpoint pick, DNAT, SNAT to the node for a remote
+	// random or Maglev endpoint pick, DNAT, SNAT to the node for a remote
 	// endpoint (externalTrafficPolicy Cluster), connection tracking and
 	// reverse NAT in LRU maps, forwarding with bpf_fib_lookup and
 	// bpf_redirect/bpf_redirect_neigh. Programs attach with tcx links
@@ -98,6 +98,7 @@ const (
 	mapNSAff   = "pk_nsaff"
 	mapNSRange = "pk_nsrange"
 	mapNSLoc   = "pk_nsloc"
+	mapNSMag   = "pk_nsmag"
 )
 
 // tcFilterPriority and tcFilterHandle identify the cls_bpf filters of
@@ -254,9 +255,13 @@ func (p *tcPlane) load(dp *dataplane) error {
 		mapNSRev: p.cfg.MaxSockets,
 		mapNSAff: nfam * p.cfg.MaxAffinity,
 		mapNSLoc: nfam * p.cfg.MaxBackends,
+		mapNSMag: nfam * p.cfg.MaxMaglevTables,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)
+	}
+	if err := setMaglevSize(spec, p.cfg.MaglevTableSize); err != nil {
+		return err
 	}
 	for _, ms := range spec.Maps {
 		ms.Pinning = ebpf.PinNone
@@ -674,4 +679,20 @@ func familyOf(a [16]byte) model.IPFamily {
 		return model.IPv4
 	}
 	return model.IPv6
+}
+
+// setMaglevSize makes the Maglev tables of a north-south object (its
+// pk_nsmag rows and ns_maglev_size) m entries long.
+func setMaglevSize(spec *ebpf.CollectionSpec, m int) error {
+	if err := sizeTableMap(spec.Maps[mapNSMag], m); err != nil {
+		return err
+	}
+	vs, ok := spec.Variables["ns_maglev_size"]
+	if !ok {
+		return errors.New("ebpf: north-south object lacks variable ns_maglev_size")
+	}
+	if err := vs.Set(uint32(m)); err != nil {
+		return fmt.Errorf("ebpf: ns_maglev_size: %w", err)
+	}
+	return nil
 }

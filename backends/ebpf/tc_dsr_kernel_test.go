@@ -26,11 +26,7 @@ import (
 // runs tc alone, then XDP in front of it (which passes the flows by
 // direct server return to tc; node2 runs tc in both).
 func TestTCDSR(t *testing.T) {
-	for _, mode := range []NorthSouth{NorthSouthTC, NorthSouthXDP} {
-		t.Run(string(mode), func(t *testing.T) {
-			forFamilies(t, func(t *testing.T, f model.IPFamily) { testTCDSR(t, f, mode) })
-		})
-	}
+	forTCAndXDP(t, testTCDSR)
 }
 
 func testTCDSR(t *testing.T, f model.IPFamily, mode NorthSouth) {

@@ -56,6 +56,9 @@ func TestTCIncrementalSync(t *testing.T) {
 			}).WithTargets(a.Targets.Internal, x.localEps(8080, x.p11), true))}},
 			{"port deleted", map[string]*testSvc{"b": nil}},
 			{"no endpoints, ranges back", map[string]*testSvc{"a": ptr(a.WithTargets(nil, nil, false)), "c": &c}},
+			{"Maglev", map[string]*testSvc{"c": ptr(c.With(func(sp *model.ServicePort) { sp.Scheduler = "maglev" }))}},
+			{"Maglev endpoints changed", map[string]*testSvc{"c": ptr(c.With(func(sp *model.ServicePort) { sp.Scheduler = "maglev" }).WithAdded(x.localEps(8080, x.p11)...))}},
+			{"Maglev no more", map[string]*testSvc{"c": &c}},
 			{"deleted and re-added", map[string]*testSvc{"a": nil, "b": &b}},
 		}
 		state := func() []testSvc {
@@ -88,7 +91,7 @@ func TestTCIncrementalSync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !sameNSState(got, tb.st) {
+			if !sameNSState(tb, got, tb.st) {
 				t.Errorf("%s: the backend's record of the maps differs from them", s.what)
 			}
 			x.sync(state())
@@ -96,7 +99,7 @@ func TestTCIncrementalSync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !sameNSState(got, full) {
+			if !sameNSState(tb, got, full) {
 				t.Errorf("%s: the maps after the incremental sync differ from a full sync's: %d/%d frontends, %d/%d slots, %d/%d ranges",
 					s.what, len(got.fes), len(full.fes), len(got.slots), len(full.slots), len(got.ranges), len(full.ranges))
 			}
@@ -108,9 +111,23 @@ func TestTCIncrementalSync(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-func sameNSState(a, b *nsState) bool {
+func sameNSState(tb *tcBackend, a, b *nsState) bool {
 	return a != nil && b != nil && maps.Equal(a.fes, b.fes) && maps.Equal(a.slots, b.slots) && maps.Equal(a.ranges, b.ranges) &&
-		slices.Equal(present(a.locals), present(b.locals))
+		slices.Equal(present(a.locals), present(b.locals)) && maps.Equal(tableSums(tb, a), tableSums(tb, b))
+}
+
+// tableSums returns the fingerprints of st's Maglev tables, built from
+// their endpoints where st holds those.
+func tableSums(tb *tcBackend, st *nsState) map[uint32]uint64 {
+	out := map[uint32]uint64{}
+	for id, tab := range st.tables {
+		if tab.eps != nil {
+			out[id] = tableSum(tb.rows.seed, maglevTable(tab.eps, tb.rows.m, nil))
+		} else {
+			out[id] = tab.sum
+		}
+	}
+	return out
 }
 
 // present returns the endpoints locals counts at least once, sorted.

@@ -79,7 +79,11 @@ func (st *nsState) frontends() []proxier.Frontend {
 		case v.Count == 0:
 			f.Verdict = "reject"
 		}
-		f.Detail = fmt.Sprintf("%s group %#x, %d slots, random", mapNSFe, v.ID, v.Count)
+		pick := "random"
+		if v.Flags&nsfeMaglev != 0 {
+			pick = "maglev (" + mapNSMag + ")"
+		}
+		f.Detail = fmt.Sprintf("%s group %#x, %d slots, %s", mapNSFe, v.ID, v.Count, pick)
 		if v.Flags&nsfeLocal != 0 {
 			f.Detail += ", externalTrafficPolicy Local (no SNAT)"
 		}

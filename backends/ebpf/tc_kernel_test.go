@@ -170,6 +170,16 @@ func (x *tcFixture) noNetfilterOn(node *testnet.Host) {
 	}
 }
 
+// forTCAndXDP runs fn with NorthSouth tc, then xdp, each for both
+// families.
+func forTCAndXDP(t *testing.T, fn func(t *testing.T, f model.IPFamily, mode NorthSouth)) {
+	for _, mode := range []NorthSouth{NorthSouthTC, NorthSouthXDP} {
+		t.Run(string(mode), func(t *testing.T) {
+			forFamilies(t, func(t *testing.T, f model.IPFamily) { fn(t, f, mode) })
+		})
+	}
+}
+
 // extIP returns a documentation address of family f routed to node1 by
 // the client (its default route): 203.0.113.x or 2001:db8:ff::x.
 func extIP(f model.IPFamily, x byte) netip.Addr {

@@ -23,7 +23,7 @@ import (
 
 // tcPinnedMaps are the tc plane's maps pinned under PinPath.
 func tcPinnedMaps() []string {
-	return []string{mapNSFe, mapNSBe, mapNSCt, mapNSRev, mapNSAff, mapNSRange, mapNSLoc, mapIfAddr}
+	return []string{mapNSFe, mapNSBe, mapNSCt, mapNSRev, mapNSAff, mapNSRange, mapNSLoc, mapNSMag, mapIfAddr}
 }
 
 // Prefixes of the pinned links' file names under PinPath, followed by

@@ -70,7 +70,9 @@ func TestTCDSRFlag(t *testing.T) {
 			sp.ExternalPolicy = model.PolicyLocal
 		}
 		st := newNSState()
-		tb.renderPort(st, sp.Name, sp, &proxier.Targets{})
+		tg := &proxier.Targets{}
+		p, _, _ := tb.plan(sp, tg)
+		tb.renderPort(st, sp.Name, sp, tg, p)
 		for k, v := range st.fes {
 			external := k.Addr != mapped16(sp.ClusterIP)
 			if got := v.Flags&nsfeDSR != 0; got != (c.want && external) {

@@ -66,7 +66,12 @@ func (p *tcPlane) loadXDP() error {
 	if err := setSNATPorts(spec, p.snat); err != nil {
 		return err
 	}
+	if err := setMaglevSize(spec, p.cfg.MaglevTableSize); err != nil {
+		return err
+	}
 	shared := map[string]*ebpf.Map{
+		mapNSMag:   p.objs.PkNsmag,
+		mapNSLoc:   p.objs.PkNsloc,
 		mapNSFe:    p.objs.PkNsfe,
 		mapNSBe:    p.objs.PkNsbe,
 		mapNSCt:    p.objs.PkNsct,

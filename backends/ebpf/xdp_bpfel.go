@@ -16,21 +16,23 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapPkIfaddr    = "pk_ifaddr"
-	xdpMapPkNode4     = "pk_node4"
-	xdpMapPkNode6     = "pk_node6"
-	xdpMapPkNsaff     = "pk_nsaff"
-	xdpMapPkNsbe      = "pk_nsbe"
-	xdpMapPkNsct      = "pk_nsct"
-	xdpMapPkNsfe      = "pk_nsfe"
-	xdpMapPkNsloc     = "pk_nsloc"
-	xdpMapPkNsrange   = "pk_nsrange"
-	xdpMapPkNsrev     = "pk_nsrev"
-	xdpMapPkXdpstat   = "pk_xdpstat"
-	xdpMapPkXdptx     = "pk_xdptx"
-	xdpProgPkXdpExt   = "pk_xdp_ext"
-	xdpVarSnatPortMax = "snat_port_max"
-	xdpVarSnatPortMin = "snat_port_min"
+	xdpMapPkIfaddr     = "pk_ifaddr"
+	xdpMapPkNode4      = "pk_node4"
+	xdpMapPkNode6      = "pk_node6"
+	xdpMapPkNsaff      = "pk_nsaff"
+	xdpMapPkNsbe       = "pk_nsbe"
+	xdpMapPkNsct       = "pk_nsct"
+	xdpMapPkNsfe       = "pk_nsfe"
+	xdpMapPkNsloc      = "pk_nsloc"
+	xdpMapPkNsmag      = "pk_nsmag"
+	xdpMapPkNsrange    = "pk_nsrange"
+	xdpMapPkNsrev      = "pk_nsrev"
+	xdpMapPkXdpstat    = "pk_xdpstat"
+	xdpMapPkXdptx      = "pk_xdptx"
+	xdpProgPkXdpExt    = "pk_xdp_ext"
+	xdpVarNsMaglevSize = "ns_maglev_size"
+	xdpVarSnatPortMax  = "snat_port_max"
+	xdpVarSnatPortMin  = "snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -90,6 +92,7 @@ type xdpMapSpecs struct {
 	PkNsct    *ebpf.MapSpec `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.MapSpec `ebpf:"pk_nsfe"`
 	PkNsloc   *ebpf.MapSpec `ebpf:"pk_nsloc"`
+	PkNsmag   *ebpf.MapSpec `ebpf:"pk_nsmag"`
 	PkNsrange *ebpf.MapSpec `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.MapSpec `ebpf:"pk_nsrev"`
 	PkXdpstat *ebpf.MapSpec `ebpf:"pk_xdpstat"`
@@ -100,8 +103,9 @@ type xdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
-	SnatPortMax *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	NsMaglevSize *ebpf.VariableSpec `ebpf:"ns_maglev_size"`
+	SnatPortMax  *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin  *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -132,6 +136,7 @@ type xdpMaps struct {
 	PkNsct    *ebpf.Map `ebpf:"pk_nsct"`
 	PkNsfe    *ebpf.Map `ebpf:"pk_nsfe"`
 	PkNsloc   *ebpf.Map `ebpf:"pk_nsloc"`
+	PkNsmag   *ebpf.Map `ebpf:"pk_nsmag"`
 	PkNsrange *ebpf.Map `ebpf:"pk_nsrange"`
 	PkNsrev   *ebpf.Map `ebpf:"pk_nsrev"`
 	PkXdpstat *ebpf.Map `ebpf:"pk_xdpstat"`
@@ -148,6 +153,7 @@ func (m *xdpMaps) Close() error {
 		m.PkNsct,
 		m.PkNsfe,
 		m.PkNsloc,
+		m.PkNsmag,
 		m.PkNsrange,
 		m.PkNsrev,
 		m.PkXdpstat,
@@ -159,8 +165,9 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
-	SnatPortMax *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin *ebpf.Variable `ebpf:"snat_port_min"`
+	NsMaglevSize *ebpf.Variable `ebpf:"ns_maglev_size"`
+	SnatPortMax  *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin  *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.

@@ -36,6 +36,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "mix.h"
+
 #define AF_INET 2
 #define AF_INET6 10
 #define IPPROTO_ICMP 1
@@ -49,6 +51,10 @@
  * connections do not collide with them. */
 volatile const __u16 snat_port_min = 61000;
 volatile const __u16 snat_port_max = 65535;
+
+/* Entries of a Maglev table (a prime, Config.MaglevTableSize): the
+ * value size of pk_nsmag is 4 * ns_maglev_size. */
+volatile const __u32 ns_maglev_size = 1021;
 
 /* How many random SNAT ports a new flow tries before it is dropped. */
 #define SNAT_TRIES 16
@@ -80,6 +86,10 @@ struct nsfe_key {
  * unwraps it (pk_nsloc) and sends the replies to the client itself,
  * from the frontend. */
 #define NSFE_DSR 8
+/* A new flow picks the slot the group's Maglev table (pk_nsmag) holds
+ * for its tuple's hash, the same on every node with the same endpoints;
+ * without it, a random one. */
+#define NSFE_MAGLEV 16
 
 struct nsfe_val {
 	__u32 id;           /* endpoint group: key of pk_nsbe */
@@ -220,6 +230,18 @@ struct {
 	__type(value, struct nsaff_val);
 	__uint(max_entries, 65536); /* Config.MaxAffinity */
 } pk_nsaff SEC(".maps");
+
+/* Maglev lookup tables: endpoint group id -> ns_maglev_size slots of
+ * the group, built by the Go side from the group's endpoints. The value
+ * type is a placeholder: the Go side sets the value size and
+ * max_entries at load time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32[1021]);
+	__uint(max_entries, 16384); /* Config.MaxMaglevTables */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} pk_nsmag SEC(".maps");
 
 /* The endpoints of this node's service ports (address and port): a
  * packet that another node's program wrapped for direct server return
@@ -676,10 +698,44 @@ static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p)
 	return bpf_map_lookup_elem(&pk_nsfe, &k);
 }
 
-/* pick_random returns a random endpoint of fe's group. */
-static __always_inline int pick_random(const struct nsfe_val *fe, struct nsbe_val *out, __u32 *slot)
+/* tuple_hash hashes a flow's tuple as it arrives (the Go side's
+ * tupleHash in the tests computes the same). */
+static __always_inline __u64 tuple_hash(const struct tuple *t)
 {
-	struct nsbe_key k = { .id = fe->id, .slot = bpf_get_prandom_u32() % fe->count };
+	__u64 h = mix64(((__u64)t->saddr[0] << 32 | t->saddr[1]) ^ 0x70726f78796b6974ULL);
+
+	h = mix64(h ^ ((__u64)t->saddr[2] << 32 | t->saddr[3]));
+	h = mix64(h ^ ((__u64)t->daddr[0] << 32 | t->daddr[1]));
+	h = mix64(h ^ ((__u64)t->daddr[2] << 32 | t->daddr[3]));
+	return mix64(h ^ ((__u64)t->sport << 32 | (__u64)t->dport << 16 | t->proto));
+}
+
+/* pick_slot returns the slot a new flow t picks in fe's group: the
+ * Maglev table's entry for its hash, or a random one. */
+static __always_inline __u32 pick_slot(const struct nsfe_val *fe, const struct tuple *t)
+{
+	__u32 size = ns_maglev_size;
+
+	if ((fe->flags & NSFE_MAGLEV) && size) {
+		__u32 *row = bpf_map_lookup_elem(&pk_nsmag, &fe->id);
+		if (row) {
+			__u32 i = (__u32)(tuple_hash(t) % size);
+			/* Hide from the compiler that i < size, so that
+			 * the check below stays for the verifier. */
+			barrier_var(i);
+			if (i < size)
+				return row[i];
+		}
+	}
+	return bpf_get_prandom_u32() % fe->count;
+}
+
+/* pick_random returns an endpoint of fe's group for a new flow t (by
+ * Maglev or at random, pick_slot). */
+static __always_inline int pick_random(const struct nsfe_val *fe, const struct tuple *t, struct nsbe_val *out,
+				       __u32 *slot)
+{
+	struct nsbe_key k = { .id = fe->id, .slot = pick_slot(fe, t) };
 	struct nsbe_val *b = bpf_map_lookup_elem(&pk_nsbe, &k);
 
 	if (!b) {
@@ -714,15 +770,15 @@ static __always_inline int still_in(__u32 id, __u32 count, const struct nsbe_val
 	return 0;
 }
 
-/* pick returns the endpoint of a new flow from client to fe: the
- * client's endpoint of the group while its affinity lasts, else a
- * random one. */
-static __always_inline int pick(const struct nsfe_val *fe, const __be32 client[4], struct nsbe_val *out)
+/* pick returns the endpoint of a new flow t to fe: the client's
+ * endpoint of the group while its affinity lasts, else pick_random's. */
+static __always_inline int pick(const struct nsfe_val *fe, const struct tuple *t, struct nsbe_val *out)
 {
+	const __be32 *client = t->saddr;
 	__u32 slot;
 
 	if (!fe->affinity_sec)
-		return pick_random(fe, out, &slot);
+		return pick_random(fe, t, out, &slot);
 	struct nsaff_key ak = { .client = { client[0], client[1], client[2], client[3] }, .id = fe->id, .pad = 0 };
 	struct nsaff_val *av = bpf_map_lookup_elem(&pk_nsaff, &ak);
 	__u64 now = bpf_ktime_get_ns();
@@ -733,7 +789,7 @@ static __always_inline int pick(const struct nsfe_val *fe, const __be32 client[4
 		*out = av->ep;
 		return 0;
 	}
-	if (pick_random(fe, out, &slot))
+	if (pick_random(fe, t, out, &slot))
 		return -1;
 	struct nsaff_val nv = { .ts = now, .ep = *out };
 	bpf_map_update_elem(&pk_nsaff, &ak, &nv, BPF_ANY);
@@ -889,7 +945,7 @@ static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod,
 		return V_DROP;
 	if (fe->count == 0)
 		return reject(ctx, p);
-	if (pick(fe, p->t.saddr, &ep))
+	if (pick(fe, &p->t, &ep))
 		return V_DROP;
 	copy16(n.daddr, ep.addr);
 	n.dport = ep.port;

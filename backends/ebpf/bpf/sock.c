@@ -10,6 +10,7 @@
  * through unchanged.
  */
 #include "common.h"
+#include "mix.h"
 
 /* Load-time constants, set by the Go side. */
 
@@ -269,17 +270,6 @@ static __always_inline int affinity_hit(int v6, __u32 id, __u32 count, struct af
 	return 0;
 }
 
-/* mix64 is the finalizer of splitmix64: every input bit affects every
- * output bit. */
-static __always_inline __u64 mix64(__u64 x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
 
 /* client_hash hashes what identifies the client side of the connection
  * at connect (or sendmsg) time. The destination is the service itself,
