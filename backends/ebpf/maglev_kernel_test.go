@@ -309,7 +309,7 @@ func TestMaglevFullSyncRepairs(t *testing.T) {
 	// Restart: the new process recovers the groups and finds every row.
 	x.b.Close()
 	x.b = x.newBackend()
-	if o := x.fullOpsNow(svcs); len(o.putRows)+len(o.delRows)+len(o.putBeK)+len(o.putSvcK) != 0 {
+	if o := x.fullOpsNow(svcs); len(o.putRows)+len(o.delRows)+o.putSlots()+len(o.putSvcK) != 0 {
 		t.Errorf("first full sync of a restarted process rewrites %+v", o)
 	}
 	x.sync(svcs)

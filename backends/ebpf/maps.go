@@ -177,7 +177,8 @@ type codec interface {
 	putSvc(m *ebpf.Map, keys []feKey, vals []svcVal) error
 	delSvc(m *ebpf.Map, keys []feKey) error
 	readSvc(m *ebpf.Map) (map[feKey]svcVal, error)
-	putBe(m *ebpf.Map, keys []beKey, vals []netip.AddrPort) error
+	// putBe writes the slots keys (with vals) and every slot of groups.
+	putBe(m *ebpf.Map, keys []beKey, vals []netip.AddrPort, groups []*group) error
 	readBe(m *ebpf.Map) (map[beKey]netip.AddrPort, error)
 	scanBe(m *ebpf.Map, fn func(beKey, netip.AddrPort)) error
 	putNode(m *ebpf.Map, addrs []netip.Addr) error
@@ -198,6 +199,30 @@ func convert[F, T any](in []F, fn func(F) T) []T {
 		out[i] = fn(e)
 	}
 	return out
+}
+
+// encodeSlots returns the keys and kernel values of the slots keys
+// (with vals) and of every slot of groups, in that order.
+func encodeSlots[V any](keys []beKey, vals []netip.AddrPort, groups []*group, enc func(netip.AddrPort) V) ([]beKey, []V) {
+	if len(groups) == 0 {
+		return keys, convert(vals, enc)
+	}
+	n := len(keys)
+	for _, g := range groups {
+		n += len(g.eps)
+	}
+	outK := append(make([]beKey, 0, n), keys...)
+	outV := make([]V, len(vals), n)
+	for i, v := range vals {
+		outV[i] = enc(v)
+	}
+	for _, g := range groups {
+		for i, ep := range g.eps {
+			outK = append(outK, beKey{ID: g.id, Slot: uint32(i)})
+			outV = append(outV, enc(ep))
+		}
+	}
+	return outK, outV
 }
 
 type codec4 struct{}
@@ -226,8 +251,9 @@ func (codec4) readSvc(m *ebpf.Map) (map[feKey]svcVal, error) {
 	return out, err
 }
 
-func (codec4) putBe(m *ebpf.Map, keys []beKey, vals []netip.AddrPort) error {
-	return batchPut(m, keys, convert(vals, be4ValOf))
+func (codec4) putBe(m *ebpf.Map, keys []beKey, vals []netip.AddrPort, groups []*group) error {
+	k, v := encodeSlots(keys, vals, groups, be4ValOf)
+	return batchPut(m, k, v)
 }
 
 func (c codec4) readBe(m *ebpf.Map) (map[beKey]netip.AddrPort, error) {
@@ -286,8 +312,9 @@ func (codec6) readSvc(m *ebpf.Map) (map[feKey]svcVal, error) {
 	return out, err
 }
 
-func (codec6) putBe(m *ebpf.Map, keys []beKey, vals []netip.AddrPort) error {
-	return batchPut(m, keys, convert(vals, be6ValOf))
+func (codec6) putBe(m *ebpf.Map, keys []beKey, vals []netip.AddrPort, groups []*group) error {
+	k, v := encodeSlots(keys, vals, groups, be6ValOf)
+	return batchPut(m, k, v)
 }
 
 func (c codec6) readBe(m *ebpf.Map) (map[beKey]netip.AddrPort, error) {

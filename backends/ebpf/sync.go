@@ -202,14 +202,19 @@ func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 // ops are the map writes of a sync, applied in an order that never lets
 // a frontend point at a slot that is not (yet or any more) there.
 type ops struct {
-	putBeK   []beKey
-	putBeV   []netip.AddrPort
-	putSvcK  []feKey
-	putSvcV  []svcVal
-	delSvc   []feKey
-	delBe    []beKey
-	putNodes []netip.Addr
-	delNodes []netip.Addr
+	putBeK []beKey
+	putBeV []netip.AddrPort
+	// putGroups are groups every slot of which is written (those a
+	// full sync finds missing or incomplete): the codec encodes them
+	// straight from the group, where listing a million slots in
+	// putBeK and putBeV cost 40 MB at 100,000 services.
+	putGroups []*group
+	putSvcK   []feKey
+	putSvcV   []svcVal
+	delSvc    []feKey
+	delBe     []beKey
+	putNodes  []netip.Addr
+	delNodes  []netip.Addr
 	// Maglev tables: groups whose table is built and written, and
 	// group ids whose table is deleted.
 	putRows []*group
@@ -217,8 +222,17 @@ type ops struct {
 }
 
 func (o *ops) empty() bool {
-	return len(o.putBeK)+len(o.putSvcK)+len(o.delSvc)+len(o.delBe)+len(o.putNodes)+len(o.delNodes)+
+	return len(o.putBeK)+len(o.putGroups)+len(o.putSvcK)+len(o.delSvc)+len(o.delBe)+len(o.putNodes)+len(o.delNodes)+
 		len(o.putRows)+len(o.delRows) == 0
+}
+
+// putSlots counts the slots o writes.
+func (o *ops) putSlots() int {
+	n := len(o.putBeK)
+	for _, g := range o.putGroups {
+		n += len(g.eps)
+	}
+	return n
 }
 
 // apply writes o: new slots first, then the Maglev tables (pointing at
@@ -228,7 +242,7 @@ func (o *ops) empty() bool {
 func (b *backend) apply(o *ops) error {
 	steps := []func() error{
 		func() error { return b.codec.putNode(b.nodeMap, o.putNodes) },
-		func() error { return b.codec.putBe(b.beMap, o.putBeK, o.putBeV) },
+		func() error { return b.codec.putBe(b.beMap, o.putBeK, o.putBeV, o.putGroups) },
 		func() error { return b.rows.put(b.magMap, o.putRows) },
 		func() error { return b.codec.putSvc(b.svcMap, o.putSvcK, o.putSvcV) },
 		func() error { return b.codec.delSvc(b.svcMap, o.delSvc) },
@@ -277,7 +291,7 @@ func (b *backend) syncFull(req *proxier.SyncRequest) error {
 	}
 	b.st = st
 	b.log.Info("full sync", "services", len(st.svcs), "frontends", st.nfes, "slots", st.nslots, "tables", st.ntables,
-		"written", len(o.putBeK)+len(o.putSvcK)+len(o.putRows), "deleted", len(o.delBe)+len(o.delSvc)+len(o.delRows),
+		"written", o.putSlots()+len(o.putSvcK)+len(o.putRows), "deleted", len(o.delBe)+len(o.delSvc)+len(o.delRows),
 		"read", read.Sub(start), "render", rendered.Sub(read), "write", time.Since(rendered))
 	b.warnNoTable(st)
 	b.destroyStale(stale)
@@ -420,18 +434,9 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 	} else if err := b.codec.scanBe(b.beMap, checkSlot); err != nil {
 		return nil, fmt.Errorf("ebpf: %w", err)
 	}
-	missing := 0
 	eachGroup(svcs, func(g *group) {
 		if g.found < len(g.eps) {
-			missing += len(g.eps)
-		}
-	})
-	o.putBeK, o.putBeV = slices.Grow(o.putBeK, missing), slices.Grow(o.putBeV, missing)
-	eachGroup(svcs, func(g *group) {
-		if g.found < len(g.eps) {
-			for i, ep := range g.eps {
-				o.putBeK, o.putBeV = append(o.putBeK, beKey{ID: g.id, Slot: uint32(i)}), append(o.putBeV, ep)
-			}
+			o.putGroups = append(o.putGroups, g)
 		}
 	})
 	if err := b.fullTableOps(o, st, svcs); err != nil {

@@ -40,14 +40,20 @@ func slotBatch(n int) ([]beKey, []netip.AddrPort) {
 }
 
 // TestMapBatchPutSplit: a batch large enough to be written by several
-// threads lands whole, and one that does not fit is a *MapFullError
-// naming the map.
+// threads, of slots listed and of whole groups, lands whole, and one
+// that does not fit is a *MapFullError naming the map.
 func TestMapBatchPutSplit(t *testing.T) {
 	testnet.RequireRoot(t)
 	n := 3*parallelBatch + 7
 	keys, vals := slotBatch(n)
 	m := newSlotMap(t, n)
-	if err := (codec4{}).putBe(m, keys, vals); err != nil {
+	// The first slots listed, the others as whole groups.
+	listed := n / 20 * 10
+	var groups []*group
+	for i := listed; i < n; i += 10 {
+		groups = append(groups, &group{id: keys[i].ID, eps: vals[i:min(i+10, n)]})
+	}
+	if err := (codec4{}).putBe(m, keys[:listed], vals[:listed], groups); err != nil {
 		t.Fatal(err)
 	}
 	have, err := (codec4{}).readBe(m)
@@ -64,7 +70,7 @@ func TestMapBatchPutSplit(t *testing.T) {
 	}
 
 	small := newSlotMap(t, n-1)
-	err = (codec4{}).putBe(small, keys, vals)
+	err = (codec4{}).putBe(small, keys, vals, nil)
 	var full *MapFullError
 	if !errors.As(err, &full) || full.Map != mapBe4 || full.Field != "MaxBackends" {
 		t.Fatalf("writing %d slots into a map of %d: %v, want a MapFullError of %s", n, n-1, err, mapBe4)
