@@ -284,6 +284,18 @@ func (d *dataplane) load() error {
 	if err := errors.Join(set("all_netns", all), set("udp_connect_passthrough", passthrough)); err != nil {
 		return err
 	}
+	// With north-south at tc no program sees the node's own packets, so
+	// its UDP sockets are refused at connect as in socket-only mode; the
+	// composed nftables table rejects them itself.
+	var node uint64
+	if d.cfg.NorthSouth == NorthSouthTC || d.cfg.NorthSouth == NorthSouthXDP {
+		node = d.nss[0].cookie
+	}
+	if vs, ok := spec.Variables["node_netns"]; !ok {
+		return errors.New("ebpf: object lacks variable node_netns")
+	} else if err := vs.Set(node); err != nil {
+		return err
+	}
 	if vs, ok := spec.Variables["maglev_size"]; !ok {
 		return errors.New("ebpf: object lacks variable maglev_size")
 	} else if err := vs.Set(uint32(d.cfg.MaglevTableSize)); err != nil {

@@ -38,6 +38,7 @@ const (
 	sockProgPkSendmsg6           = "pk_sendmsg6"
 	sockVarAllNetns              = "all_netns"
 	sockVarMaglevSize            = "maglev_size"
+	sockVarNodeNetns             = "node_netns"
 	sockVarUdpConnectPassthrough = "udp_connect_passthrough"
 )
 
@@ -117,6 +118,7 @@ type sockMapSpecs struct {
 type sockVariableSpecs struct {
 	AllNetns              *ebpf.VariableSpec `ebpf:"all_netns"`
 	MaglevSize            *ebpf.VariableSpec `ebpf:"maglev_size"`
+	NodeNetns             *ebpf.VariableSpec `ebpf:"node_netns"`
 	UdpConnectPassthrough *ebpf.VariableSpec `ebpf:"udp_connect_passthrough"`
 }
 
@@ -177,6 +179,7 @@ func (m *sockMaps) Close() error {
 type sockVariables struct {
 	AllNetns              *ebpf.Variable `ebpf:"all_netns"`
 	MaglevSize            *ebpf.Variable `ebpf:"maglev_size"`
+	NodeNetns             *ebpf.Variable `ebpf:"node_netns"`
 	UdpConnectPassthrough *ebpf.Variable `ebpf:"udp_connect_passthrough"`
 }
 

@@ -69,7 +69,7 @@ func requireNoNetfilter(tb testing.TB, path string) {
 func tcSkips() map[string]string {
 	const (
 		sctp   = "SCTP at tc: bpf/nodeport.c handles TCP and UDP only (and the socket hooks never see SCTP)"
-		output = "the node's own output path at tc: connect of a node UDP socket to a service without endpoints goes through untranslated (udp_connect_passthrough, kept so that pod sockets, whose packets pk_tc_pod serves, behave as with kube-proxy), and no tc program runs on egress, so the node's datagrams are neither rejected nor translated later"
+		output = "the node's own output path at tc: no tc program runs on egress, so the node's own datagrams are neither checked nor translated"
 	)
 	return map[string]string{
 		"ClusterIP-SCTPInitDelivery-FromNode":  sctp,
@@ -78,6 +78,5 @@ func tcSkips() map[string]string {
 		"Cleanup-RemovesEverything":            sctp + " (the case's rich state has an SCTP port)",
 		"Cleanup-ByNewInstance":                sctp + " (the case's rich state has an SCTP port)",
 		"LoadBalancerSourceRanges-NodeTraffic": output + " (the socket programs leave load-balancer IPs with source ranges to the packet path, which the node's own packets do not pass at tc)",
-		"NoEndpoints-Rejects":                  output + " (pods and the client are rejected with ICMP)",
 	}
 }

@@ -3,9 +3,12 @@ package ebpf
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -332,4 +335,43 @@ func TestNodeportMapLayout(t *testing.T) {
 			t.Errorf("%s: Go key/value sizes %d/%d, object %d/%d", c.name, k, v, ms.KeySize, ms.ValueSize)
 		}
 	}
+}
+
+// TestTCNodeUDPConnectRefused: with NorthSouth tc, the node's own UDP
+// socket connecting to a service without endpoints is refused at
+// connect (no program sees the node's packets), while a pod's connect
+// succeeds untranslated and its datagram is rejected by the pod veth's
+// tc program with ICMP port unreachable, as with kube-proxy.
+func TestTCNodeUDPConnectRefused(t *testing.T) {
+	forFamilies(t, func(t *testing.T, f model.IPFamily) {
+		x := newTCFixture(t, f, false)
+		x.sync([]testSvc{svc("empty", model.UDP, vip(f, 10), 53)})
+		dst := ap(vip(f, 10), 53).String()
+		err := x.node.Do(func() error {
+			c, err := net.Dial("udp", dst)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("node: connect to %s: %v, want ECONNREFUSED", dst, err)
+		}
+		err = x.pod3.Do(func() error {
+			c, err := net.Dial("udp", dst)
+			if err != nil {
+				return fmt.Errorf("connect: %w", err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Write([]byte("x")); err != nil {
+				return fmt.Errorf("write: %w", err)
+			}
+			_, err = c.Read(make([]byte, 16))
+			return err
+		})
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("pod: connect, send and receive to %s: %v, want the receive refused (ICMP port unreachable)", dst, err)
+		}
+	})
 }

@@ -21,6 +21,11 @@ volatile const __u8 all_netns = 0;
  * packets reach the composed nftables rules (which reject them with an
  * ICMP error, and follow the service once it has endpoints). */
 volatile const __u8 udp_connect_passthrough = 0;
+/* The node's own network namespace (its cookie; 0: none): its UDP
+ * sockets are refused at connect even with udp_connect_passthrough,
+ * since no tc program sees the packets the node sends itself (north-
+ * south at tc). */
+volatile const __u64 node_netns = 0;
 /* Entries of a Maglev table (a prime): the value size of pk_maglev4/6
  * is 4 * maglev_size. */
 volatile const __u32 maglev_size = 1021;
@@ -432,7 +437,7 @@ static __always_inline void remember(struct bpf_sock_addr *ctx, const struct ep 
 
 /* verdict turns a selection into the program's return value, or -1 to
  * go on translating. */
-static __always_inline int verdict(int sel, int connect, __u8 proto)
+static __always_inline int verdict(int sel, int connect, __u8 proto, __u64 netns)
 {
 	switch (sel) {
 	case SEL_OK:
@@ -440,7 +445,7 @@ static __always_inline int verdict(int sel, int connect, __u8 proto)
 	case SEL_DROP:
 		return 0;
 	case SEL_REFUSE:
-		if (connect && proto == IPPROTO_UDP && udp_connect_passthrough)
+		if (connect && proto == IPPROTO_UDP && udp_connect_passthrough && netns != node_netns)
 			return 1;
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
@@ -466,7 +471,7 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx, int connect)
 	sv = lookup_svc4(daddr, dport, proto);
 	if (!sv)
 		return 1;
-	v = verdict(select_ep(ctx, 0, 0, sv, netns, &e), connect, proto);
+	v = verdict(select_ep(ctx, 0, 0, sv, netns, &e), connect, proto, netns);
 	if (v >= 0)
 		return v;
 	set_mapped(svc, daddr);
@@ -507,9 +512,9 @@ static __always_inline int xlate6(struct bpf_sock_addr *ctx, int connect)
 	if (!sv)
 		return 1;
 	if (v4)
-		v = verdict(select_ep(ctx, 0, 1, sv, netns, &e), connect, proto);
+		v = verdict(select_ep(ctx, 0, 1, sv, netns, &e), connect, proto, netns);
 	else
-		v = verdict(select_ep(ctx, 1, 1, sv, netns, &e), connect, proto);
+		v = verdict(select_ep(ctx, 1, 1, sv, netns, &e), connect, proto, netns);
 	if (v >= 0)
 		return v;
 	remember(ctx, &e, svc, dport);
