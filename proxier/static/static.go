@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,24 +99,38 @@ func (tm *typeMeta) name() string {
 // YAML parser is what costs, about 0.1 ms per object. The result is the
 // same as one at a time: objects and errors in file order.
 func Parse(r io.Reader) (*Objects, error) {
+	docs, readErr := readDocuments(r)
+	parseAll(docs, (*document).parse)
+	objs, err := collect(docs)
+	if readErr != nil {
+		return objs, readErr
+	}
+	return objs, err
+}
+
+// readDocuments splits r into its non-empty documents; the error is
+// r's, or the YAML reader's, after the documents before it.
+func readDocuments(r io.Reader) ([]document, error) {
 	rd := utilyaml.NewYAMLReader(bufio.NewReader(r))
 	var docs []document
-	var readErr error
 	for i := 0; ; i++ {
 		doc, err := rd.Read()
 		if errors.Is(err, io.EOF) {
-			break
+			return docs, nil
 		}
 		if err != nil {
-			readErr = fmt.Errorf("read YAML: %w", err)
-			break
+			return docs, fmt.Errorf("read YAML: %w", err)
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
 		docs = append(docs, document{index: i, data: doc})
 	}
-	parseAll(docs)
+}
+
+// collect joins the objects of parsed documents, in file order, and
+// their errors.
+func collect(docs []document) (*Objects, error) {
 	objs := &Objects{}
 	var errs []error
 	for i := range docs {
@@ -137,9 +152,6 @@ func Parse(r io.Reader) (*Objects, error) {
 		}
 		objs.Documents += o.Documents
 	}
-	if readErr != nil {
-		return objs, readErr
-	}
 	return objs, errors.Join(errs...)
 }
 
@@ -148,15 +160,21 @@ func Parse(r io.Reader) (*Objects, error) {
 type document struct {
 	index int
 	data  []byte
-	objs  *Objects
-	err   error
+	// json is data converted to JSON, once parsed; nil if it could not
+	// be, or when data already is the JSON (a cached document).
+	json []byte
+	// kind is the document's kind, once parsed; "" for an empty one.
+	kind string
+	objs *Objects
+	err  error
 }
 
 // parseChunk is how many documents a worker of parseAll takes at a time.
 const parseChunk = 64
 
-// parseAll parses docs, on up to GOMAXPROCS goroutines.
-func parseAll(docs []document) {
+// parseAll calls parse (a document's parse or decodeJSON) for each of
+// docs, on up to GOMAXPROCS goroutines.
+func parseAll(docs []document, parse func(*document)) {
 	workers := min(runtime.GOMAXPROCS(0), (len(docs)+parseChunk-1)/parseChunk)
 	var next atomic.Int64
 	work := func() {
@@ -167,7 +185,7 @@ func parseAll(docs []document) {
 				return
 			}
 			for i := start; i < min(end, len(docs)); i++ {
-				docs[i].parse()
+				parse(&docs[i])
 			}
 		}
 	}
@@ -191,7 +209,8 @@ func (d *document) parse() {
 		j, err = yaml.YAMLToJSON(d.data)
 	}
 	if err == nil {
-		err = d.objs.add(j)
+		d.json = j
+		d.kind, err = d.objs.add(j)
 	}
 	if err != nil {
 		de := &DocumentError{Index: d.index, Err: err}
@@ -226,24 +245,31 @@ func strictJSON(j []byte, v any) error {
 }
 
 // add adds the objects of the JSON document doc (a document of the file
-// converted, or an item of a List).
-func (o *Objects) add(doc []byte) error {
+// converted, or an item of a List) and returns its kind ("" for an empty
+// document).
+func (o *Objects) add(doc []byte) (string, error) {
 	if bytes.Equal(bytes.TrimSpace(doc), []byte("null")) {
-		return nil // empty or comment-only document
+		return "", nil // empty or comment-only document
 	}
 	var tm typeMeta
 	if err := json.Unmarshal(doc, &tm); err != nil {
-		return err
+		return "", err
 	}
 	if tm.Kind == "" {
-		return errors.New("no kind")
+		return "", errors.New("no kind")
 	}
+	return tm.Kind, o.addKind(tm.Kind, tm.Items, doc)
+}
+
+// addKind adds the objects of the JSON document doc of the kind given
+// (a List's with its items).
+func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte) error {
 	o.Documents++
-	switch tm.Kind {
+	switch kind {
 	case "List", "ServiceList", "EndpointSliceList", "NodeList", "ServiceCIDRList":
 		var errs []error
-		for i, item := range tm.Items {
-			if err := o.add(item); err != nil {
+		for i, item := range items {
+			if _, err := o.add(item); err != nil {
 				errs = append(errs, fmt.Errorf("item %d: %w", i, err))
 			}
 		}
@@ -292,16 +318,62 @@ func (o *Objects) add(doc []byte) error {
 
 // Load parses the file at path; see [Parse].
 func Load(path string) (*Objects, error) {
-	f, err := os.Open(path)
+	return LoadWith(path, LoadOptions{})
+}
+
+// LoadOptions are the options of [LoadWith].
+type LoadOptions struct {
+	// CacheDir, when set, is a directory (created if missing) that keeps
+	// the documents of the file, once it parsed completely, converted to
+	// JSON, with the SHA-256 of the file's bytes: a later load of the
+	// same bytes decodes that JSON instead of parsing the YAML again,
+	// several times faster (the YAML parser is what costs). The objects
+	// are the same as parsing's. A cache file of other bytes, of another
+	// version of this package's format or of the YAML converter, or that
+	// does not match its own checksum is not used (logged) and the file
+	// is parsed. One cache file per source path (named by a hash of its
+	// absolute path), replaced when the file's content changes.
+	CacheDir string
+	// Logger receives why a cache file was not used or not written; nil
+	// discards.
+	Logger *slog.Logger
+}
+
+// LoadWith reads the file at path and returns its objects, like [Load],
+// using the cache of opts when set. A cache file that cannot be written
+// is logged, not an error.
+func LoadWith(path string, opts LoadOptions) (*Objects, error) {
+	if opts.CacheDir == "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		objs, err := Parse(f)
+		if err != nil {
+			err = fmt.Errorf("%s: %w", path, err)
+		}
+		return objs, err
+	}
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	objs, err := Parse(f)
-	if err != nil {
-		err = fmt.Errorf("%s: %w", path, err)
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	return objs, err
+	c := &cache{dir: opts.CacheDir, path: path, log: log}
+	objs, docs, sum, err := c.decode(data)
+	if err != nil {
+		return objs, fmt.Errorf("%s: %w", path, err)
+	}
+	if docs != nil && objs.Documents > 0 {
+		if err := c.store(sum, len(data), docs); err != nil {
+			log.Warn("static source: cannot write the cache file", "path", path, "cache", c.file(), "err", err)
+		}
+	}
+	return objs, nil
 }
 
 // Source delivers the objects of a file to a Proxier.
@@ -325,6 +397,12 @@ type Source struct {
 	Watch time.Duration
 	// Logger receives parse errors; nil discards them.
 	Logger *slog.Logger
+	// CacheDir, when set, keeps the decoded documents of the file last
+	// delivered, so that a restarted process reading the same bytes
+	// decodes them instead of parsing the YAML again; see
+	// [LoadOptions.CacheDir]. The cache file is written after the
+	// objects are delivered (and, the first time, marked synced).
+	CacheDir string
 
 	services map[string]*v1.Service
 	slices   map[string]*discoveryv1.EndpointSlice
@@ -332,6 +410,9 @@ type Source struct {
 	cidrs    []netip.Prefix // the service CIDRs delivered last
 	last     []byte         // the content last looked at, good or not
 	usable   bool           // last parsed completely and was delivered
+	// toCache is the parsed content delivered last, until it is written
+	// to the cache file.
+	toCache *cacheEntry
 	// lastWarn and lastWarnAt rate-limit the warning about a file that
 	// stays unreadable.
 	lastWarn   string
@@ -377,6 +458,7 @@ func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 	p.OnServiceSynced()
 	p.OnEndpointSlicesSynced()
 	p.OnNodeSynced()
+	s.storeCache(log)
 	if s.Watch <= 0 {
 		return nil
 	}
@@ -386,8 +468,34 @@ func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 			return nil
 		case <-t.C:
 			_ = s.reload(p, log)
+			s.storeCache(log)
 		}
 	}
+}
+
+// cacheEntry is a content of the file that parsed completely, to be
+// written to the cache.
+type cacheEntry struct {
+	sum  [sha256.Size]byte
+	n    int
+	docs []document
+}
+
+// storeCache writes the content delivered last to the cache file, when
+// it was parsed (not read from the cache).
+func (s *Source) storeCache(log *slog.Logger) {
+	e := s.toCache
+	if e == nil {
+		return
+	}
+	s.toCache = nil
+	c := &cache{dir: s.CacheDir, path: s.Path, log: log}
+	start := time.Now()
+	if err := c.store(e.sum, e.n, e.docs); err != nil {
+		log.Warn("static source: cannot write the cache file", "path", s.Path, "cache", c.file(), "err", err)
+		return
+	}
+	log.Debug("static source: wrote the cache file", "path", s.Path, "cache", c.file(), "took", time.Since(start))
 }
 
 // errUnchanged is reload's answer when the file holds what it held at the
@@ -418,8 +526,20 @@ func (s *Source) reload(p proxier.Proxier, log *slog.Logger) error {
 		}
 		return errUnchanged
 	}
-	s.last, s.usable = data, false
-	objs, err := Parse(bytes.NewReader(data))
+	s.last, s.usable, s.toCache = data, false, nil
+	var objs *Objects
+	var entry *cacheEntry
+	if s.CacheDir != "" {
+		c := &cache{dir: s.CacheDir, path: s.Path, log: log}
+		var docs []document
+		var sum [sha256.Size]byte
+		objs, docs, sum, err = c.decode(data)
+		if docs != nil {
+			entry = &cacheEntry{sum: sum, n: len(data), docs: docs}
+		}
+	} else {
+		objs, err = Parse(bytes.NewReader(data))
+	}
 	if err != nil {
 		err = fmt.Errorf("static source: %s does not parse completely: %w", s.Path, err)
 		log.Warn("static source: file does not parse completely; keeping the objects delivered last until it does", "path", s.Path, "err", err)
@@ -431,6 +551,7 @@ func (s *Source) reload(p proxier.Proxier, log *slog.Logger) error {
 		return err
 	}
 	s.usable = true
+	s.toCache = entry
 	s.deliver(p, objs)
 	return nil
 }
