@@ -60,8 +60,6 @@ type state struct {
 	svcs map[model.ServicePortName]*svcState
 	// owners maps each frontend to the service port holding it.
 	owners map[feKey]model.ServicePortName
-	// groups are the endpoint groups by id.
-	groups map[uint32]*group
 	// nodes are the node addresses in the node address map.
 	nodes   map[netip.Addr]bool
 	nfes    int
@@ -74,7 +72,7 @@ type state struct {
 	// rendered, until fullOps has used them: a slice walks the states
 	// in the order they were allocated, where the maps' order is
 	// random (fullOps took a fifth of the user-space time of a first
-	// sync of 100,000 services walking st.svcs and st.groups).
+	// sync of 100,000 services walking the maps).
 	order []*svcState
 }
 
@@ -86,7 +84,6 @@ func newStateSized(n int) *state {
 	return &state{
 		svcs:   make(map[model.ServicePortName]*svcState, n),
 		owners: make(map[feKey]model.ServicePortName, n),
-		groups: make(map[uint32]*group, n),
 		nodes:  map[netip.Addr]bool{},
 	}
 }
@@ -122,11 +119,6 @@ func (st *state) admit(name model.ServicePortName, s *svcState, cfg *Config, fam
 	for _, e := range s.fes {
 		st.owners[e.key] = name
 	}
-	for _, g := range s.groups {
-		if g != nil {
-			st.groups[g.id] = g
-		}
-	}
 	st.svcs[name] = s
 	st.nfes += len(s.fes)
 	st.nslots += s.slots()
@@ -143,11 +135,6 @@ func (st *state) release(name model.ServicePortName) {
 	for _, e := range s.fes {
 		if st.owners[e.key] == name {
 			delete(st.owners, e.key)
-		}
-	}
-	for _, g := range s.groups {
-		if g != nil {
-			delete(st.groups, g.id)
 		}
 	}
 	st.nfes -= len(s.fes)
@@ -416,8 +403,9 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 	// count; a wanted slot missing from the maps shows in the group's
 	// found count, and the whole group is written again.
 	eachGroup(svcs, func(g *group) { g.found = 0 })
+	groupOf := groupIndex(svcs)
 	checkSlot := func(key beKey, v netip.AddrPort) {
-		g := st.groups[key.ID]
+		g := groupOf(key.ID)
 		if g == nil || int(key.Slot) >= len(g.eps) {
 			o.delBe = append(o.delBe, key)
 			return
@@ -439,7 +427,7 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 			o.putGroups = append(o.putGroups, g)
 		}
 	})
-	if err := b.fullTableOps(o, st, svcs); err != nil {
+	if err := b.fullTableOps(o, svcs, groupOf); err != nil {
 		return nil, err
 	}
 	o.putNodes, o.delNodes = diffNodes(k.nodes, nodes)
@@ -453,12 +441,13 @@ func (b *backend) fullOps(st *state, k *kernelState, nodes []netip.Addr) (*ops, 
 // row is compared with the fingerprint of the group's table when its
 // endpoints did not change since the last sync, else with the table
 // built for it (after a restart). Tables to write are built when they
-// are written. svcs are st's service ports.
-func (b *backend) fullTableOps(o *ops, st *state, svcs []*svcState) error {
+// are written. svcs are the service ports of the state, groupOf finds
+// their groups by id.
+func (b *backend) fullTableOps(o *ops, svcs []*svcState, groupOf func(uint32) *group) error {
 	eachGroup(svcs, func(g *group) { g.rowFound = false })
 	var scratch []uint32
 	err := b.rows.scan(b.magMap, func(id uint32, row []uint32) {
-		g := st.groups[id]
+		g := groupOf(id)
 		if g == nil || !g.maglev || g.rowFound {
 			o.delRows = append(o.delRows, id)
 			return
@@ -486,6 +475,21 @@ func (b *backend) fullTableOps(o *ops, st *state, svcs []*svcState) error {
 		}
 	})
 	return nil
+}
+
+// groupIndex returns a function that finds the groups of svcs by id. It
+// indexes them at its first call: a full sync into empty maps (a
+// process's first) finds no slot or table to look up, and builds no
+// index.
+func groupIndex(svcs []*svcState) func(uint32) *group {
+	var byID map[uint32]*group
+	return func(id uint32) *group {
+		if byID == nil {
+			byID = make(map[uint32]*group, len(svcs))
+			eachGroup(svcs, func(g *group) { byID[g.id] = g })
+		}
+		return byID[id]
+	}
 }
 
 // eachGroup calls fn with every group of svcs.
