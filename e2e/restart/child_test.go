@@ -33,6 +33,10 @@ type childParams struct {
 	NetNS string
 	// Source is the YAML file of Services and EndpointSlices.
 	Source string
+	// SourceCache is the static source's CacheDir: the first process
+	// parses the file and leaves its decoded documents there, the
+	// second reads them.
+	SourceCache string
 	// Services and Endpoints size the eBPF maps.
 	Services, Endpoints int
 	// Cgroup, PinPath and PodNetNS are the eBPF backend's.
@@ -114,7 +118,7 @@ func childMain(params string) error {
 	rep.NewMS = ms(time.Since(start))
 
 	start = time.Now()
-	src := &static.Source{Path: p.Source, Logger: log}
+	src := &static.Source{Path: p.Source, CacheDir: p.SourceCache, Logger: log}
 	if err := src.Run(ctx, pr); err != nil { // no Watch: returns once delivered
 		return err
 	}

@@ -6,7 +6,9 @@
 // The test needs no API server: the proxier processes are the test binary
 // re-executed in a child role (envChild), each building the backend with
 // backends.New, feeding it the Services and EndpointSlices of one YAML
-// file generated from internal/scale through proxier/static, and saying
+// file generated from internal/scale through proxier/static (with a cache
+// directory: the first process parses the YAML and leaves the decoded
+// documents there, the second reads them), and saying
 // on standard output when its first sync succeeded. They program node1 of
 // an internal/testnet topology; a pod of node1 keeps TCP connections open
 // through services and opens ~50 new ones per second while the old process

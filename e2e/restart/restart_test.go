@@ -59,6 +59,8 @@ const (
 // connections must keep carrying data, new connections opened at ~50/s
 // throughout must all be answered by the service's endpoints, and the
 // kernel must hold what the services ask for once the new process synced.
+// The new process must read the static source's objects from the cache
+// the first left (static.Source.CacheDir), as a restarted daemon does.
 // The time from the new process's start to its first successful sync is
 // reported, not asserted (the target is < 2 s at 30,000 services
 // when the kernel already matches).
@@ -79,7 +81,8 @@ func TestRestartAtScale(t *testing.T) {
 	// the same in every topology of the default options: the first
 	// backend's topology names them, the source is written once.
 	var w *workload
-	src := filepath.Join(t.TempDir(), "services.yaml")
+	tmp := t.TempDir()
+	src, cache := filepath.Join(tmp, "services.yaml"), filepath.Join(tmp, "cache")
 	source := func(t *testing.T, pods []*testnet.Pod) *workload {
 		if w != nil {
 			return w
@@ -102,7 +105,7 @@ func TestRestartAtScale(t *testing.T) {
 			if b == "iptables" {
 				testnet.RequireCommand(t, "iptables-restore")
 			}
-			r := &run{t: t, source: source, exe: exe, params: childParams{Backend: b, Source: src, Services: n, Endpoints: endpoints}}
+			r := &run{t: t, source: source, exe: exe, params: childParams{Backend: b, Source: src, SourceCache: cache, Services: n, Endpoints: endpoints}}
 			r.restart()
 		})
 	}
@@ -283,7 +286,12 @@ func (r *run) restart() {
 		"new connections: %d failed of %d (%d during the restart; %d slower than %v, slowest %v); established: %d of %d broken; load average %s",
 		r.params.Backend, len(r.w.svcs), endpoints, took.Round(time.Millisecond), rep.NewMS, rep.FeedMS, rep.SyncMS,
 		pr.failures, pr.probes, pr.during, pr.slow, slowAnswer, pr.slowest.Round(time.Millisecond), broken, len(conns), loadavg())
-	t.Logf("the new process's first sync, as it logged it:\n%s", grep(second.logPath, "full sync"))
+	t.Logf("the new process's source and first sync, as it logged them:\n%s\n%s", grep(second.logPath, "static source"), grep(second.logPath, "full sync"))
+	if !strings.Contains(grep(second.logPath, "static source"), "read the decoded documents from the cache") {
+		// The first process left them there (Source.CacheDir) for the
+		// same bytes.
+		t.Errorf("the new process did not read the static source's cache")
+	}
 	if pr.failures > 0 {
 		t.Errorf("%d of %d new connections failed (%d of them from the kill to %v after the new process synced); first: %s",
 			pr.failures, pr.probes, pr.during, settle, strings.Join(pr.examples, "; "))
