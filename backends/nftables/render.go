@@ -207,6 +207,13 @@ func noEndpoints(add func(string, elem), clusterKey []byte, extKeys [][]byte, np
 	}
 }
 
+// sameList reports whether a and b are the same non-empty list (not only
+// equal ones): the engine gives a service port of policy Cluster one list
+// for internal and external traffic.
+func sameList(a, b []*model.Endpoint) bool {
+	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
+}
+
 // endpoints returns the distinct usable endpoint addresses of eps.
 func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
 	return model.DistinctAddrs(eps, r.fi.fam.Usable)
@@ -216,10 +223,11 @@ func (r *renderer) endpoints(eps []*model.Endpoint) []netip.AddrPort {
 // new endpoints take the indexes of removed ones first (in order), then
 // are appended; an index still free goes to the last endpoint. Replacing
 // one endpoint thus changes one index, and adding or removing one at most
-// two.
+// two. Without prev, the result is eps itself: the caller's, never
+// modified.
 func stableSlots(prev, eps []netip.AddrPort) []netip.AddrPort {
 	if len(prev) == 0 {
-		return slices.Clone(eps)
+		return eps
 	}
 	// eps are distinct: one map from the previous slots does.
 	at := make(map[netip.AddrPort]int, len(prev))

@@ -89,7 +89,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		return s.o, nil
 	}
 	internal, externalEps := r.endpoints(t.Internal), []netip.AddrPort(nil)
-	if len(t.External) == len(t.Internal) && len(t.External) > 0 && &t.External[0] == &t.Internal[0] {
+	if sameList(t.External, t.Internal) {
 		externalEps = internal // policy Cluster: the same list
 	} else {
 		externalEps = r.endpoints(t.External)

@@ -413,11 +413,15 @@ func (b *backend) buildFull(req *proxier.SyncRequest, recreate bool, skip map[mo
 		}
 	}
 	st.nextAID = max(st.nextAID, old.nextAID)
-	// Sized for every endpoint, to spare rehashing.
+	// Sized for every endpoint, to spare rehashing (the external list
+	// is most often the internal one).
 	eps := 0
 	for _, t := range req.Targets {
 		if t != nil {
-			eps += len(t.Internal) + len(t.External)
+			eps += len(t.Internal)
+			if !sameList(t.External, t.Internal) {
+				eps += len(t.External)
+			}
 		}
 	}
 	st.refs[setHairpin] = make(map[netip.Addr]int, eps)
