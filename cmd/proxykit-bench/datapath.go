@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -68,10 +69,15 @@ var dpPaths = []dpPath{
 	{Name: "iptables-legacy", Label: "iptables (legacy)", Backend: "iptables-legacy"},
 	{Name: "ebpf", Label: "ebpf (+ nftables north-south)", Backend: "ebpf"},
 	{Name: "ebpf-tc", Label: "ebpf (tc north-south, SNAT)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc"}},
-	{Name: "ebpf-tc-dsr", Label: "ebpf (tc north-south, DSR)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc", "NorthSouthMode": "dsr"}},
+	// Direct server return: node2 runs a backend too (dsr), and the
+	// client has a link to node2, over which the endpoint replies.
+	{Name: "ebpf-tc-dsr", Label: "ebpf (tc north-south, DSR)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "tc", "NorthSouthForwarding": "dsr"}},
 	// The rig's veth peers take XDP frames and send complete checksums
 	// (datapath_wire.go), so XDP may send out of node1's veths.
 	{Name: "ebpf-xdp", Label: "ebpf (XDP north-south)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "xdp", "NorthSouthXDPVeth": "true"}},
+	// XDP passes flows by direct server return to tc (it does not
+	// wrap): what XDP in front costs them.
+	{Name: "ebpf-xdp-dsr", Label: "ebpf (XDP north-south, DSR: XDP passes to tc)", Backend: "ebpf", EBPF: map[string]string{"NorthSouth": "xdp", "NorthSouthXDPVeth": "true", "NorthSouthForwarding": "dsr"}},
 	{Name: refNFT, Label: "kube-proxy nftables (nft -f)", Ref: refNFT},
 	{Name: refIPTablesNFT, Label: "kube-proxy iptables, nft", Ref: refIPTablesNFT},
 	{Name: refIPTablesLegacy, Label: "kube-proxy iptables, legacy", Ref: refIPTablesLegacy},
@@ -80,6 +86,26 @@ var dpPaths = []dpPath{
 // xdp says the path runs the eBPF backend's XDP program, whose counters
 // each run reads.
 func (p dpPath) xdp() bool { return p.EBPF["NorthSouth"] == "xdp" }
+
+// dsr says the path sends flows to node2's endpoint by direct server
+// return (hybrid: its TCP flows): its topology links the client to
+// node2, and node2 runs an eBPF backend of its own (node2EBPF) that
+// unwraps them.
+func (p dpPath) dsr() bool {
+	f := p.EBPF["NorthSouthForwarding"]
+	return f == "dsr" || f == "hybrid"
+}
+
+// node2EBPF returns the ebpf.Config fields of node2's backend on a DSR
+// path: node1's, with tc north-south (node2 needs no XDP: what it
+// unwraps goes to a pod's veth, and the endpoint's replies leave from
+// the pod's).
+func (p dpPath) node2EBPF() map[string]string {
+	out := maps.Clone(p.EBPF)
+	out["NorthSouth"] = "tc"
+	delete(out, "NorthSouthXDPVeth")
+	return out
+}
 
 func dpPathNames() []string {
 	var out []string
@@ -334,8 +360,12 @@ type dpLive struct {
 	t       *testnet.Topology
 	wire    *wireLike
 	proxier *child // nil for direct and the references
-	server  *child
-	cg      string
+	// node2 is node2's proxier on a DSR path, else nil.
+	node2  *child
+	server *child
+	// cg and cg2 are the empty cgroups of node1's and node2's eBPF
+	// socket programs.
+	cg, cg2 string
 	dstTCP  netip.AddrPort
 	dstUDP  netip.AddrPort
 	srcMAC  string
@@ -435,7 +465,7 @@ func (r *runner) dpSetup(ctx context.Context, p dpPath, c *DPCase) *dpLive {
 	}
 	cctx, cancel := r.caseContext(ctx)
 	defer cancel()
-	t, err := testnet.Build(testnet.Options{Node1Pods: 1, Node2Pods: 1})
+	t, err := testnet.Build(testnet.Options{Node1Pods: 1, Node2Pods: 1, ClientToNode2: p.dsr()})
 	if err != nil {
 		c.Status, c.Reason = "error", oneLine(err.Error())
 		return nil
@@ -511,31 +541,37 @@ func (r *runner) dpSetup(ctx context.Context, p dpPath, c *DPCase) *dpLive {
 			pp.IPTMode = r.iptFlavour
 		}
 		if strings.HasPrefix(p.Backend, "ebpf") {
-			l.cg = filepath.Join(r.cgroup2, "proxykit-bench-"+t.ID)
-			if err := os.Mkdir(l.cg, 0o755); err != nil {
-				l.cg = ""
+			if l.cg, err = dpCgroup(r.cgroup2, t.ID); err != nil {
 				return fail(err)
 			}
 			pp.Cgroup = l.cg
 		}
-		// The proxier lives as long as the path: not bound to cctx.
-		l.proxier, err = r.startChild(context.Background(), roleDPProxier, p.Name+" "+c.Size.String(), pp)
+		res, err := r.dpStartProxier(cctx, &l.proxier, p.Name+" "+c.Size.String(), pp)
 		if err != nil {
 			return fail(err)
 		}
-		res, err := readWithin(cctx, l.proxier)
-		if err != nil {
-			return fail(err)
-		}
-		switch {
-		case res.Unavailable != "":
-			c.Status, c.Reason = "unavailable", oneLine(res.Unavailable)
-			return nil
-		case res.Unsupported != "":
-			c.Status, c.Reason = "unsupported", oneLine(res.Unsupported)
+		if !dpProxierUp(c, res) {
 			return nil
 		}
 		c.SetupSeconds = res.SyncSeconds
+		if p.dsr() {
+			// node2 unwraps what node1 sends it: a backend of its own
+			// with the measured services alone, whose endpoint is its
+			// pod (local there).
+			if l.cg2, err = dpCgroup(r.cgroup2, t.ID+"-node2"); err != nil {
+				return fail(err)
+			}
+			p2 := dpProxierParams{Backend: p.Backend, EBPF: p.node2EBPF(), NetNS: t.Node2.Path(), NodeName: testnet.Node2Name,
+				PodNetNS: []string{pod.Path()}, Cgroup: l.cg2, Endpoint: pod.IPv4}
+			res, err := r.dpStartProxier(cctx, &l.node2, p.Name+" node2", p2)
+			if err != nil {
+				return fail(fmt.Errorf("node2: %w", err))
+			}
+			if !dpProxierUp(c, res) {
+				c.Reason = "node2: " + c.Reason
+				return nil
+			}
+		}
 	case p.Ref != "":
 		filler := dpFiller(c.Size)
 		var script string
@@ -564,6 +600,42 @@ func (r *runner) dpSetup(ctx context.Context, p dpPath, c *DPCase) *dpLive {
 	}
 	ok = true
 	return l
+}
+
+// dpStartProxier starts a data-path proxier child into *ch (which
+// teardown stops) and reads its first result within ctx. The proxier
+// lives as long as the path: it is not bound to ctx.
+func (r *runner) dpStartProxier(ctx context.Context, ch **child, name string, p dpProxierParams) (childResult, error) {
+	var err error
+	if *ch, err = r.startChild(context.Background(), roleDPProxier, name, p); err != nil {
+		return childResult{}, err
+	}
+	return readWithin(ctx, *ch)
+}
+
+// dpProxierUp says a proxier child's first result is a sync, else sets
+// the case's status from it: its backend lacks the path's option, or
+// this machine cannot run it.
+func dpProxierUp(c *DPCase, res childResult) bool {
+	switch {
+	case res.Unavailable != "":
+		c.Status, c.Reason = "unavailable", oneLine(res.Unavailable)
+		return false
+	case res.Unsupported != "":
+		c.Status, c.Reason = "unsupported", oneLine(res.Unsupported)
+		return false
+	}
+	return true
+}
+
+// dpCgroup makes an empty cgroup for a proxier's eBPF socket programs
+// under the cgroup2 mount root.
+func dpCgroup(root, id string) (string, error) {
+	cg := filepath.Join(root, "proxykit-bench-"+id)
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		return "", err
+	}
+	return cg, nil
 }
 
 // readWithin reads the child's next result, killing it when ctx ends
@@ -619,37 +691,109 @@ func dpXDP(l *dpLive) (xdpCounts, error) {
 
 // dpXDPStart returns a function that, at the end of a run, returns
 // what node1's XDP program did since dpXDPStart: nil on a path without
-// one, an error when XDP redirected nothing (tc did the work, which
-// would make the path's figures tc's).
+// one, an error when XDP did not do the path's work (xdpCounts.check).
 func dpXDPStart(l *dpLive) func() (*xdpCounts, error) {
-	if !l.path.xdp() {
-		return func() (*xdpCounts, error) { return nil, nil }
-	}
-	x0, err0 := dpXDP(l)
+	end := dpAround(l.path.xdp(), func() (xdpCounts, error) { return dpXDP(l) }, xdpCounts.sub)
 	return func() (*xdpCounts, error) {
+		d, err := end()
+		if err == nil && d != nil {
+			err = d.check(l.path.dsr())
+		}
+		return d, err
+	}
+}
+
+// dpAround reads counters now (when on) and returns a function that, at
+// the end of a run, reads them again and returns their increase (sub of
+// the end and the start), nil when not on.
+func dpAround[T any](on bool, read func() (T, error), sub func(end, start T) T) func() (*T, error) {
+	if !on {
+		return func() (*T, error) { return nil, nil }
+	}
+	c0, err0 := read()
+	return func() (*T, error) {
 		if err0 != nil {
 			return nil, err0
 		}
-		x1, err := dpXDP(l)
+		c1, err := read()
 		if err != nil {
 			return nil, err
 		}
-		d := x1.sub(x0)
-		if d.Redirect == 0 {
-			return &d, fmt.Errorf("XDP redirected nothing (%d sent back out, %d passed to tc): tc did the work", d.TX, d.Pass)
-		}
+		d := sub(c1, c0)
 		return &d, nil
 	}
 }
 
+// check reports an XDP run that did not do the path's work: on a DSR
+// path XDP passes every flow to tc (which wraps it) and must have seen
+// them; elsewhere it must have redirected packets, else tc did the work
+// and the figures are tc's.
+func (x xdpCounts) check(dsr bool) error {
+	switch {
+	case dsr && x.Total() == 0:
+		return errors.New("XDP saw no packet: it was not in front of tc")
+	case !dsr && x.Redirect == 0:
+		return fmt.Errorf("XDP redirected nothing (%d sent back out, %d passed to tc): tc did the work", x.TX, x.Pass)
+	}
+	return nil
+}
+
+// dsrCounts are the packets that came from node2 during a run of a DSR
+// path: to the client over its own link (received on the client's
+// eth1), and to node1 (received on node1's interface toward node2).
+type dsrCounts struct {
+	ToClient uint64 `json:"to_client"`
+	ToNode1  uint64 `json:"to_node1"`
+}
+
+// describe is the counters for a log line, empty for nil.
+func (d *dsrCounts) describe() string {
+	if d == nil {
+		return ""
+	}
+	return fmt.Sprintf("; from node2: %d packets to the client, %d to node1", d.ToClient, d.ToNode1)
+}
+
+// checkTCP reports a TCP_CRR run of a DSR path whose replies did not
+// go from node2 to the client directly: every transaction has several
+// packets from the endpoint, none of which should pass node1.
+func (d dsrCounts) checkTCP() error {
+	if d.ToClient == 0 || d.ToNode1 >= d.ToClient {
+		return fmt.Errorf("replies came back through node1 (%d packets node2 -> node1, %d node2 -> client): not direct server return", d.ToNode1, d.ToClient)
+	}
+	return nil
+}
+
+// dpDSRStart returns a function that, at the end of a run, returns the
+// packets that came from node2 since dpDSRStart: nil on a path without
+// direct server return.
+func dpDSRStart(l *dpLive) func() (*dsrCounts, error) {
+	refs := []counterRef{
+		{Name: "to-client", NetNS: l.t.Client.Path(), Device: "eth1"},
+		{Name: "to-node1", NetNS: l.t.Node1.Path(), Device: testnet.Node2Name},
+	}
+	read := func() (dsrCounts, error) {
+		c, err := readCounters(refs)
+		return dsrCounts{ToClient: c["to-client"].RxPackets, ToNode1: c["to-node1"].RxPackets}, err
+	}
+	return dpAround(l.path.dsr(), read, dsrCounts.sub)
+}
+
+// sub returns the increase from b to d.
+func (d dsrCounts) sub(b dsrCounts) dsrCounts {
+	return dsrCounts{ToClient: d.ToClient - b.ToClient, ToNode1: d.ToNode1 - b.ToNode1}
+}
+
 // dpMeasure makes one round of a path: a TCP_CRR run and a UDP run. On
-// a path with XDP, a run in which XDP redirected nothing failed.
+// a path with XDP, a run in which XDP did not do the path's work
+// failed; on a path with direct server return, a TCP_CRR run whose
+// replies came back through node1.
 func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 	c, t := l.c, l.t
 	bound := r.o.DPWarmup + r.o.DPRun + 30*time.Second
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	xdpEnd := dpXDPStart(l)
+	xdpEnd, dsrEnd := dpXDPStart(l), dpDSRStart(l)
 	ch, err := r.startChild(cctx, roleCRRClient, "crr-client", crrClientParams{
 		NetNS: t.Client.Path(), Dst: l.dstTCP, Clients: r.o.DPClients,
 		WarmupMS: r.o.DPWarmup.Milliseconds(), RunMS: r.o.DPRun.Milliseconds(),
@@ -664,8 +808,13 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 			res.CRR.XDP, err = xdpEnd()
 		}
 		if err == nil {
+			if res.CRR.DSR, err = dsrEnd(); err == nil && res.CRR.DSR != nil {
+				err = res.CRR.DSR.checkTCP()
+			}
+		}
+		if err == nil {
 			c.TCP = append(c.TCP, res.CRR)
-			r.logf("data path %s %s: TCP_CRR %.0f/s, p50 %.0f µs, p99 %.0f µs, %d errors%s", c.Label, c.Size, res.CRR.PerSec, res.CRR.Latency.Median, res.CRR.Latency.P99, res.CRR.Errors, res.CRR.XDP.describe())
+			r.logf("data path %s %s: TCP_CRR %.0f/s, p50 %.0f µs, p99 %.0f µs, %d errors%s%s", c.Label, c.Size, res.CRR.PerSec, res.CRR.Latency.Median, res.CRR.Latency.P99, res.CRR.Errors, res.CRR.XDP.describe(), res.CRR.DSR.describe())
 		}
 	}
 	if err != nil {
@@ -685,7 +834,7 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 			{Name: "endpoint", NetNS: t.Node2.Pods[0].Path(), Device: "eth0"},
 		},
 	}
-	xdpEnd = dpXDPStart(l)
+	xdpEnd, dsrEnd = dpXDPStart(l), dpDSRStart(l)
 	ch, err = r.startChild(cctx, roleUDPSender, "udp-sender", p)
 	if err == nil {
 		var res childResult
@@ -700,9 +849,14 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 			res.UDP.XDP, err = xdpEnd()
 		}
 		if err == nil {
+			// Nothing answers the datagrams but the pod's ICMP port
+			// unreachable (rate-limited): counted, not checked.
+			res.UDP.DSR, err = dsrEnd()
+		}
+		if err == nil {
 			c.UDP = append(c.UDP, res.UDP)
 			u := udpFigures(res.UDP)
-			r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%%s", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop, res.UDP.XDP.describe())
+			r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%%s%s", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop, res.UDP.XDP.describe(), res.UDP.DSR.describe())
 		}
 	}
 	if err != nil {
@@ -714,18 +868,21 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 
 // dpTeardown stops a path's children and removes its namespaces.
 func (r *runner) dpTeardown(l *dpLive) {
-	if l.proxier != nil {
-		l.proxier.stdin.Write([]byte("done\n"))
+	for _, ch := range []*child{l.proxier, l.node2} {
+		if ch == nil {
+			continue
+		}
+		ch.stdin.Write([]byte("done\n"))
 		done := make(chan struct{})
 		go func() {
-			l.proxier.read()
-			l.proxier.wait()
+			ch.read()
+			ch.wait()
 			close(done)
 		}()
 		select {
 		case <-done:
 		case <-time.After(2 * time.Minute):
-			l.proxier.kill()
+			ch.kill()
 			<-done
 		}
 	}
@@ -741,8 +898,10 @@ func (r *runner) dpTeardown(l *dpLive) {
 	if err := l.t.Close(); err != nil {
 		r.logf("teardown: %v", err)
 	}
-	if l.cg != "" {
-		removeCgroup(l.cg)
+	for _, cg := range []string{l.cg, l.cg2} {
+		if cg != "" {
+			removeCgroup(cg)
+		}
 	}
 }
 

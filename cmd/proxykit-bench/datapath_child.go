@@ -24,6 +24,7 @@ import (
 
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/scale"
+	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -55,9 +56,17 @@ type dpProxierParams struct {
 	Backend string
 	IPTMode string
 	// EBPF sets fields of ebpf.Config by name (see setConfigFields).
-	EBPF     map[string]string `json:",omitempty"`
-	NetNS    string
+	EBPF  map[string]string `json:",omitempty"`
+	NetNS string
+	// NodeName is the proxier's node, empty for node1. The measured
+	// services' endpoint is on node2: local to node2's proxier (a DSR
+	// path's), which unwraps what node1 sends it.
+	NodeName string `json:",omitempty"`
+	// PodNetNS are the pods' namespaces of the eBPF backend
+	// (ebpf.Config.PodNetNS).
+	PodNetNS []string `json:",omitempty"`
 	Cgroup   string
+	// Size is of the filler services; node2's proxier has none.
 	Size     Size
 	Endpoint netip.Addr
 	// XDPCounters gives the proxier a metrics registry and makes the
@@ -137,9 +146,13 @@ func dpProxierChild(in *bufio.Reader) error {
 		return err
 	}
 	out := json.NewEncoder(os.Stdout)
+	node := p.NodeName
+	if node == "" {
+		node = testnet.Node1Name
+	}
 	cfg := proxier.Config{
 		NetNS:                 p.NetNS,
-		NodeName:              "node1",
+		NodeName:              node,
 		Families:              []model.IPFamily{model.IPv4},
 		MinSyncInterval:       time.Millisecond,
 		SyncPeriod:            time.Hour,
@@ -151,7 +164,7 @@ func dpProxierChild(in *bufio.Reader) error {
 		reg = prometheus.NewRegistry()
 		cfg.Registerer = reg
 	}
-	pp := proxierParams{Backend: p.Backend, IPTMode: p.IPTMode, EBPF: p.EBPF, Cgroup: p.Cgroup, Size: p.Size, Target: []netip.Addr{p.Endpoint}}
+	pp := proxierParams{Backend: p.Backend, IPTMode: p.IPTMode, EBPF: p.EBPF, Cgroup: p.Cgroup, PodNetNS: p.PodNetNS, Size: p.Size, Target: []netip.Addr{p.Endpoint}}
 	pr, err := newProxier(pp, cfg)
 	if err != nil {
 		var un *unavailableError
@@ -346,6 +359,9 @@ type crrResult struct {
 	// XDP is what node1's XDP program did over the whole run (warm-up
 	// and the client's start included), on paths with one.
 	XDP *xdpCounts `json:"xdp,omitempty"`
+	// DSR are the packets from node2 over the whole run, on paths with
+	// direct server return.
+	DSR *dsrCounts `json:"dsr,omitempty"`
 }
 
 // crrClientChild runs Clients concurrent clients in the client
@@ -516,6 +532,9 @@ type udpResult struct {
 	// XDP is what node1's XDP program did over the whole run (warm-up
 	// and the sender's start included), on paths with one.
 	XDP *xdpCounts `json:"xdp,omitempty"`
+	// DSR are the packets from node2 over the whole run, on paths with
+	// direct server return.
+	DSR *dsrCounts `json:"dsr,omitempty"`
 }
 
 // udpSenderChild sends pre-built UDP frames at full speed from an

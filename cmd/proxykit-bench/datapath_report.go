@@ -305,6 +305,7 @@ func datapathMarkdown(rep *DatapathReport, o Options) string {
 	}
 	dpTargetsMarkdown(&w, rep)
 	dpXDPMarkdown(&w, rep)
+	dpDSRMarkdown(&w, rep)
 	if len(notes) > 0 {
 		p("Not measured, or with failures:\n\n")
 		for i, n := range notes {
@@ -330,6 +331,13 @@ func datapathMarkdown(rep *DatapathReport, o Options) string {
 	p("  loaded with `nft -f` or `iptables-restore`, with the measured services' rules written the\n")
 	p("  same way (in the middle of KUBE-SERVICES and KUBE-NODEPORTS, which iptables walks for\n")
 	p("  every new connection to a node port).\n")
+	if dpHasDSR(rep) {
+		p("- **Direct server return** (the DSR paths): node1 sends a flow to the endpoint inside IPIP\n")
+		p("  without SNAT; the client also has a link to node2 (its eth1: testnet's `ClientToNode2`),\n")
+		p("  and node2 runs an eBPF backend of its own with tc north-south and the measured services\n")
+		p("  alone, whose endpoint is local there: it unwraps the flows, the endpoint sees the client,\n")
+		p("  and its replies go from node2 to the client directly, not back through node1.\n")
+	}
 	p("- **Wire-like peers, on every path**: the far ends of node1's veths toward the client, node2\n")
 	p("  and the uplink stand for a wire, as the eBPF backend's `NorthSouthXDPVeth` requires: each\n")
 	p("  runs an XDP program that passes everything (so the veth takes XDP frames from node1) and\n")
@@ -372,6 +380,14 @@ func datapathMarkdown(rep *DatapathReport, o Options) string {
 	p("  one run, not figures across runs. eBPF paths whose backend option does not exist yet are\n")
 	p("  listed as not available (the backend's Config lacks the field, or New refuses the value).\n")
 	return w.String()
+}
+
+// dpHasDSR says the report has a path with direct server return.
+func dpHasDSR(rep *DatapathReport) bool {
+	return slices.ContainsFunc(dpCasePaths(rep), func(name string) bool {
+		p, ok := dpPathByName(name)
+		return ok && p.dsr()
+	})
 }
 
 // reportLink is the path of a file of the plot directory relative to
@@ -464,9 +480,11 @@ var dpTargets = []dpTarget{
 	{Path: "ebpf-tc", Of: "nftables", UDP: true, Min: 1.3},
 	{Path: "ebpf-tc-dsr", Of: "nftables", UDP: true, Min: 1.3},
 	{Path: "ebpf-xdp", Of: "nftables", UDP: true, Min: 2},
+	{Path: "ebpf-xdp-dsr", Of: "nftables", UDP: true, Min: 2},
 	{Path: "ebpf-tc", Of: "direct", Min: 0.9},
 	{Path: "ebpf-tc-dsr", Of: "direct", Min: 0.9},
 	{Path: "ebpf-xdp", Of: "direct", Min: 0.9},
+	{Path: "ebpf-xdp-dsr", Of: "direct", Min: 0.9},
 }
 
 // dpTargetsMarkdown writes the table of the targets of issue #21 for
@@ -624,57 +642,109 @@ func dpScaleTargetMarkdown(w *strings.Builder, rep *DatapathReport) {
 	fmt.Fprintf(w, "\n")
 }
 
+// dpRunRow is one case's runs of one kind (TCP_CRR or UDP) that carry
+// a record of type T.
+type dpRunRow[T any] struct {
+	label, what string
+	runs        []*T
+}
+
+// dpRunRows returns a row per case and kind of run whose runs carry a
+// record (tcp and udp return it, nil for none), in the report's order.
+func dpRunRows[T any](rep *DatapathReport, tcp func(*crrResult) *T, udp func(*udpResult) *T) []dpRunRow[T] {
+	var rows []dpRunRow[T]
+	for _, c := range rep.Cases {
+		var t, u []*T
+		for _, r := range c.TCP {
+			if r != nil && tcp(r) != nil {
+				t = append(t, tcp(r))
+			}
+		}
+		for _, r := range c.UDP {
+			if r != nil && udp(r) != nil {
+				u = append(u, udp(r))
+			}
+		}
+		label := c.Label + ", " + thousands(c.Size.Services) + " services"
+		if len(t) > 0 {
+			rows = append(rows, dpRunRow[T]{label, "TCP_CRR", t})
+		}
+		if len(u) > 0 {
+			rows = append(rows, dpRunRow[T]{label, "UDP", u})
+		}
+	}
+	return rows
+}
+
 // dpXDPMarkdown writes what the XDP program did in the runs of the paths
 // that have one (proxykit_ebpf_xdp_packets_total, read before and after
 // each run).
 func dpXDPMarkdown(w *strings.Builder, rep *DatapathReport) {
-	type row struct {
-		label, what string
-		runs        []*xdpCounts
-	}
-	var rows []row
-	for _, c := range rep.Cases {
-		var tcp, udp []*xdpCounts
-		for _, r := range c.TCP {
-			if r != nil && r.XDP != nil {
-				tcp = append(tcp, r.XDP)
+	rows := dpRunRows(rep, func(r *crrResult) *xdpCounts { return r.XDP }, func(r *udpResult) *xdpCounts { return r.XDP })
+	dpRunTable(w, rows, "What XDP did", "`proxykit_ebpf_xdp_packets_total`"+` of node1's proxier, read before and after each run (so the
+warm-up and the client's start are included): packets the XDP program redirected out of
+another interface, sent back out of the one they came in on (tx), or passed to tc behind it.
+A run in which XDP redirected nothing counts as failed (its figures would be tc's); on a DSR
+path, where XDP passes every flow to tc (which wraps it), one in which XDP saw nothing. Medians
+over the runs; the share is of every packet XDP saw.`,
+		[]string{"redirected", "tx", "passed to tc", "redirected share"}, func(runs []*xdpCounts) []string {
+			var share []float64
+			for _, x := range runs {
+				if t := x.Total(); t > 0 {
+					share = append(share, float64(x.Redirect)/float64(t))
+				}
 			}
-		}
-		for _, r := range c.UDP {
-			if r != nil && r.XDP != nil {
-				udp = append(udp, r.XDP)
+			return []string{
+				thousands(int(medianOf(runs, func(x *xdpCounts) uint64 { return x.Redirect }))),
+				thousands(int(medianOf(runs, func(x *xdpCounts) uint64 { return x.TX }))),
+				thousands(int(medianOf(runs, func(x *xdpCounts) uint64 { return x.Pass }))),
+				fmt.Sprintf("%.1f%%", 100*median(share)),
 			}
-		}
-		if len(tcp) > 0 {
-			rows = append(rows, row{c.Label + ", " + thousands(c.Size.Services) + " services", "TCP_CRR", tcp})
-		}
-		if len(udp) > 0 {
-			rows = append(rows, row{c.Label + ", " + thousands(c.Size.Services) + " services", "UDP", udp})
-		}
-	}
+		})
+}
+
+// dpDSRMarkdown writes where node2's packets went in the runs of the
+// paths with direct server return (interface counters read before and
+// after each run).
+func dpDSRMarkdown(w *strings.Builder, rep *DatapathReport) {
+	rows := dpRunRows(rep, func(r *crrResult) *dsrCounts { return r.DSR }, func(r *udpResult) *dsrCounts { return r.DSR })
+	dpRunTable(w, rows, "Where node2's packets went (direct server return)", `Packets from node2 during each run of a DSR path (the warm-up and the client's start
+included): to the client over node2's own link (received on the client's eth1), and to
+node1. A TCP_CRR run counts as failed unless more went to the client than to node1 (its
+figures would be SNAT's). In the UDP runs nothing answers the datagrams but the pod's
+rate-limited ICMP port unreachable, so their few packets are not checked. Medians over the runs.`,
+		[]string{"to the client", "to node1"}, func(runs []*dsrCounts) []string {
+			return []string{
+				thousands(int(medianOf(runs, func(d *dsrCounts) uint64 { return d.ToClient }))),
+				thousands(int(medianOf(runs, func(d *dsrCounts) uint64 { return d.ToNode1 }))),
+			}
+		})
+}
+
+// dpRunTable writes a subsection titled title, with the paragraph
+// intro and a table of rows: the path, the kind of run, the cells that
+// cells makes of the runs (heads names them), the number of runs.
+// Without rows it writes nothing.
+func dpRunTable[T any](w *strings.Builder, rows []dpRunRow[T], title, intro string, heads []string, cells func([]*T) []string) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "### What XDP did\n\n")
-	fmt.Fprintf(w, "`proxykit_ebpf_xdp_packets_total` of node1's proxier, read before and after each run (so the\n")
-	fmt.Fprintf(w, "warm-up and the client's start are included): packets the XDP program redirected out of\n")
-	fmt.Fprintf(w, "another interface, sent back out of the one they came in on (tx), or passed to tc behind it.\n")
-	fmt.Fprintf(w, "A run in which XDP redirected nothing counts as failed (its figures would be tc's). Medians\n")
-	fmt.Fprintf(w, "over the runs; the share is of every packet XDP saw.\n\n")
-	fmt.Fprintf(w, "| path | run | redirected | tx | passed to tc | redirected share | runs |\n")
-	fmt.Fprintf(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(w, "### %s\n\n%s\n\n", title, intro)
+	fmt.Fprintf(w, "| path | run | %s | runs |\n", strings.Join(heads, " | "))
+	fmt.Fprintf(w, "| --- | --- |%s ---: |\n", strings.Repeat(" ---: |", len(heads)))
 	for _, r := range rows {
-		var red, tx, pass, share []float64
-		for _, x := range r.runs {
-			red, tx, pass = append(red, float64(x.Redirect)), append(tx, float64(x.TX)), append(pass, float64(x.Pass))
-			if t := x.Total(); t > 0 {
-				share = append(share, float64(x.Redirect)/float64(t))
-			}
-		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %.1f%% | %d |\n", r.label, r.what,
-			thousands(int(median(red))), thousands(int(median(tx))), thousands(int(median(pass))), 100*median(share), len(r.runs))
+		fmt.Fprintf(w, "| %s | %s | %s | %d |\n", r.label, r.what, strings.Join(cells(r.runs), " | "), len(r.runs))
 	}
 	fmt.Fprintf(w, "\n")
+}
+
+// medianOf returns the median of a counter over runs.
+func medianOf[T any](runs []*T, counter func(*T) uint64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = float64(counter(r))
+	}
+	return median(v)
 }
 
 // micros formats a duration in microseconds, as milliseconds from 10 ms.

@@ -5,19 +5,22 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/proxykit/proxykit/backends/ebpf"
 	"github.com/proxykit/proxykit/internal/testnet"
 )
 
 // TestDatapathSmoke runs the data-path mode at 10 services for direct,
-// nftables, a path whose option the eBPF backend lacks and the XDP
-// path, with tiny runs, and checks that every figure was measured, the
-// unavailable path reported as such, that XDP redirected packets in
-// every run (where this kernel runs it), and the report section written
-// between the scale run's part and the hand-written sections of an
-// existing report. It asserts no rate.
+// nftables, tc with direct server return, XDP and XDP with direct
+// server return, with tiny runs, and checks that every figure was
+// measured, that XDP redirected packets in every run (passed them to
+// tc with DSR), that the TCP_CRR replies of the DSR paths went from
+// node2 to the client (where this kernel runs them), and the report
+// section written between the scale run's part and the hand-written
+// sections of an existing report. It asserts no rate.
 func TestDatapathSmoke(t *testing.T) {
 	testnet.RequireRoot(t)
 	testnet.RequireCommand(t, "nft")
@@ -25,7 +28,7 @@ func TestDatapathSmoke(t *testing.T) {
 	o := defaultOptions()
 	o.Datapath = true
 	datapathSmoke(&o)
-	o.Paths = append(o.Paths, "ebpf-tc-dsr", "ebpf-xdp")
+	o.Paths = append(o.Paths, "ebpf-tc-dsr", "ebpf-xdp", "ebpf-xdp-dsr")
 	dir := t.TempDir()
 	o.Out, o.PlotDir = filepath.Join(dir, "BENCHMARKS.md"), dir
 	old := "# Benchmarks\n\nscale figures\n\n" + datapathMarker + "\n\nold data path\n\n" + handWritten + "\n\nby hand\n"
@@ -38,29 +41,36 @@ func TestDatapathSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Cases) != 4 {
-		t.Fatalf("%d cases, want 4", len(rep.Cases))
+	if len(rep.Cases) != 5 {
+		t.Fatalf("%d cases, want 5", len(rep.Cases))
 	}
 	for _, c := range rep.Cases {
-		if c.Path == "ebpf-tc-dsr" {
-			if c.Status != "unavailable" && c.Status != "ok" && c.Status != "unsupported" {
-				t.Errorf("%s: %s: %s", c.Label, c.Status, c.Reason)
-			}
+		p, _ := dpPathByName(c.Path)
+		if p.Backend == "ebpf" && c.Status == "unsupported" {
+			t.Logf("%s: %s", c.Label, c.Reason)
 			continue
 		}
-		if c.Path == "ebpf-xdp" {
-			if c.Status == "unsupported" {
-				t.Logf("%s: %s", c.Label, c.Reason)
-				continue
-			}
+		if p.xdp() {
 			for _, r := range c.TCP {
-				if r.XDP == nil || r.XDP.Redirect == 0 {
-					t.Errorf("%s: TCP_CRR: XDP redirected nothing: %+v", c.Label, r.XDP)
+				if r.XDP == nil || r.XDP.check(p.dsr()) != nil {
+					t.Errorf("%s: TCP_CRR: XDP did not do the work: %+v", c.Label, r.XDP)
 				}
 			}
 			for _, r := range c.UDP {
-				if r.XDP == nil || r.XDP.Redirect == 0 {
-					t.Errorf("%s: UDP: XDP redirected nothing: %+v", c.Label, r.XDP)
+				if r.XDP == nil || r.XDP.check(p.dsr()) != nil {
+					t.Errorf("%s: UDP: XDP did not do the work: %+v", c.Label, r.XDP)
+				}
+			}
+		}
+		if p.dsr() {
+			for _, r := range c.TCP {
+				if r.DSR == nil || r.DSR.checkTCP() != nil {
+					t.Errorf("%s: TCP_CRR: replies not by direct server return: %+v", c.Label, r.DSR)
+				}
+			}
+			for _, r := range c.UDP {
+				if r.DSR == nil {
+					t.Errorf("%s: UDP: no DSR counters", c.Label)
 				}
 			}
 		}
@@ -184,6 +194,73 @@ func TestKubeProxyLayouts(t *testing.T) {
 	for _, want := range []string{"meta l4proto udp dnat to 10.244.2.2:5202", "service-nodeports { udp . 32081 : goto external-BENCHDPUDP-"} {
 		if !strings.Contains(nft, want) {
 			t.Errorf("nftables layout lacks %q", want)
+		}
+	}
+}
+
+// TestDatapathPathOptions: every path's ebpf.Config fields exist and
+// parse (a misspelt field would make the path "not available"), node2's
+// of a DSR path too, and the DSR paths are those that forward so.
+func TestDatapathPathOptions(t *testing.T) {
+	var dsr []string
+	for _, p := range dpPaths {
+		if p.dsr() {
+			dsr = append(dsr, p.Name)
+		}
+		if p.EBPF == nil {
+			continue
+		}
+		var c ebpf.Config
+		if err := setConfigFields(&c, p.EBPF); err != nil {
+			t.Errorf("%s: %v", p.Name, err)
+		}
+		if !p.dsr() {
+			continue
+		}
+		n2 := p.node2EBPF()
+		c = ebpf.Config{}
+		if err := setConfigFields(&c, n2); err != nil {
+			t.Errorf("%s, node2: %v", p.Name, err)
+		}
+		if c.NorthSouth != ebpf.NorthSouthTC || c.NorthSouthXDPVeth || c.NorthSouthForwarding != ebpf.ForwardingDSR {
+			t.Errorf("%s: node2's config %+v, want tc north-south with DSR", p.Name, n2)
+		}
+		if p.EBPF["NorthSouth"] == "xdp" && p.EBPF["NorthSouthXDPVeth"] != "true" {
+			t.Errorf("%s: node2EBPF changed node1's fields: %v", p.Name, p.EBPF)
+		}
+	}
+	if want := []string{"ebpf-tc-dsr", "ebpf-xdp-dsr"}; !slices.Equal(dsr, want) {
+		t.Errorf("DSR paths %v, want %v", dsr, want)
+	}
+}
+
+// TestDatapathRunChecks: a run fails when XDP did not do its path's
+// work, or a DSR path's TCP replies came back through node1.
+func TestDatapathRunChecks(t *testing.T) {
+	for _, c := range []struct {
+		x       xdpCounts
+		dsr, ok bool
+	}{
+		{xdpCounts{Redirect: 5}, false, true},
+		{xdpCounts{Pass: 5}, false, false},
+		{xdpCounts{}, false, false},
+		{xdpCounts{Pass: 5}, true, true},
+		{xdpCounts{}, true, false},
+	} {
+		if err := c.x.check(c.dsr); (err == nil) != c.ok {
+			t.Errorf("%+v, DSR %v: %v, want ok %v", c.x, c.dsr, err, c.ok)
+		}
+	}
+	for _, c := range []struct {
+		d  dsrCounts
+		ok bool
+	}{
+		{dsrCounts{ToClient: 500, ToNode1: 1}, true},
+		{dsrCounts{ToClient: 0, ToNode1: 0}, false},
+		{dsrCounts{ToClient: 3, ToNode1: 500}, false},
+	} {
+		if err := c.d.checkTCP(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.d, err, c.ok)
 		}
 	}
 }

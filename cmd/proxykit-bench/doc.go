@@ -24,7 +24,11 @@
 // #21): a client namespace sends traffic to a node port of node1 whose
 // endpoint is a pod behind node2, for each path (direct to the endpoint
 // without a service, the proxykit backends, the eBPF backend's
-// north-south options, kube-proxy's layouts) at 10 and 10,000 services:
+// north-south options, kube-proxy's layouts) at 10 and 10,000 services
+// (on the paths with direct server return, ebpf-tc-dsr and
+// ebpf-xdp-dsr, the client has a link to node2 too, node2 runs an eBPF
+// backend of its own that unwraps the flows, and the endpoint replies
+// to the client over that link):
 // short TCP connections per second (TCP_CRR, from a Go load generator
 // to a tight server in the pod, with p50/p99 latency) and UDP packets per
 // second at saturation (an AF_PACKET sender of pre-built frames; what
