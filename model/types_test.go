@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -60,5 +61,20 @@ func TestDistinctAddrs(t *testing.T) {
 	}
 	if got := DistinctAddrs(many, nil); len(got) != 20 || got[0] != many[0].Addr || got[19] != many[19].Addr {
 		t.Errorf("40 endpoints, 20 distinct: got %d: %v", len(got), got)
+	}
+}
+
+// BenchmarkServicePortNameSort sorts 100,000 service port names (of 100
+// namespaces, as the scale benchmarks name them), as a full sync does.
+func BenchmarkServicePortNameSort(b *testing.B) {
+	names := make([]ServicePortName, 100_000)
+	for i := range names {
+		names[i] = ServicePortName{ServiceName: ServiceName{Namespace: fmt.Sprintf("ns-%d", i%100), Name: fmt.Sprintf("svc-%d", i)},
+			Port: "http", Protocol: TCP}
+	}
+	work := make([]ServicePortName, len(names))
+	for b.Loop() {
+		copy(work, names)
+		slices.SortFunc(work, ServicePortName.Compare)
 	}
 }
