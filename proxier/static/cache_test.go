@@ -235,3 +235,40 @@ func TestSourceCache(t *testing.T) {
 		}
 	}
 }
+
+// TestTypeShape: the shape that keys the cache changes with a field's
+// JSON name or type, so a binary whose types accept other fields does
+// not read another's cache without the strict check.
+func TestTypeShape(t *testing.T) {
+	type inner struct {
+		A string `json:"a"`
+	}
+	type v1 struct {
+		X inner  `json:"x"`
+		Y []byte `json:"y,omitempty"`
+	}
+	type v2 struct {
+		X inner  `json:"x"`
+		Y []byte `json:"z,omitempty"`
+	}
+	type v3 struct {
+		X *inner `json:"x"`
+		Y []byte `json:"y,omitempty"`
+	}
+	shape := func(v any) string {
+		var b strings.Builder
+		typeShape(&b, reflect.TypeOf(v), map[reflect.Type]bool{})
+		return strings.ReplaceAll(b.String(), reflect.TypeOf(v).Name(), "T")
+	}
+	if shape(v1{}) != shape(v1{}) {
+		t.Fatal("a type's shape changes")
+	}
+	for name, other := range map[string]any{"a field's JSON name": v2{}, "a field's type": v3{}} {
+		if shape(other) == shape(v1{}) {
+			t.Errorf("%s changed, the shape did not: %s", name, shape(other))
+		}
+	}
+	if v := cacheVersion(); !strings.Contains(v, " types:") {
+		t.Errorf("cache version %q without the types' shape", v)
+	}
+}

@@ -258,12 +258,13 @@ func (o *Objects) add(doc []byte) (string, error) {
 	if tm.Kind == "" {
 		return "", errors.New("no kind")
 	}
-	return tm.Kind, o.addKind(tm.Kind, tm.Items, doc)
+	return tm.Kind, o.addKind(tm.Kind, tm.Items, doc, strictJSON)
 }
 
 // addKind adds the objects of the JSON document doc of the kind given
-// (a List's with its items).
-func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte) error {
+// (a List's with its items), decoding an object with decode (strictJSON,
+// or json.Unmarshal for JSON known to decode strictly).
+func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte, decode func([]byte, any) error) error {
 	o.Documents++
 	switch kind {
 	case "List", "ServiceList", "EndpointSliceList", "NodeList", "ServiceCIDRList":
@@ -276,7 +277,7 @@ func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte) erro
 		return errors.Join(errs...)
 	case "Service":
 		s := &v1.Service{}
-		if err := strictJSON(doc, s); err != nil {
+		if err := decode(doc, s); err != nil {
 			return fmt.Errorf("Service: %w", err)
 		}
 		if s.Namespace == "" {
@@ -285,7 +286,7 @@ func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte) erro
 		o.Services = append(o.Services, s)
 	case "EndpointSlice":
 		s := &discoveryv1.EndpointSlice{}
-		if err := strictJSON(doc, s); err != nil {
+		if err := decode(doc, s); err != nil {
 			return fmt.Errorf("EndpointSlice: %w", err)
 		}
 		if s.Namespace == "" {
@@ -294,13 +295,13 @@ func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte) erro
 		o.EndpointSlices = append(o.EndpointSlices, s)
 	case "Node":
 		n := &v1.Node{}
-		if err := strictJSON(doc, n); err != nil {
+		if err := decode(doc, n); err != nil {
 			return fmt.Errorf("Node: %w", err)
 		}
 		o.Nodes = append(o.Nodes, n)
 	case "ServiceCIDR":
 		c := &networkingv1.ServiceCIDR{}
-		if err := strictJSON(doc, c); err != nil {
+		if err := decode(doc, c); err != nil {
 			return fmt.Errorf("ServiceCIDR: %w", err)
 		}
 		for _, s := range c.Spec.CIDRs {
