@@ -487,13 +487,32 @@ static __always_inline int decap(struct __sk_buff *skb)
 	return forward(skb, &p, rc, &f);
 }
 
-/* pk_tc_ext: the ingress of the node's external interfaces. */
+/* wrapped reports whether skb is an IPIP or IP6IP6 packet (which serve
+ * would pass on untouched). */
+static __always_inline int wrapped(struct __sk_buff *skb)
+{
+	__u8 proto;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return !bpf_skb_load_bytes(skb, ETH_HLEN + 9, &proto, 1) && proto == IPPROTO_IPIP;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return !bpf_skb_load_bytes(skb, ETH_HLEN + 6, &proto, 1) && proto == IPPROTO_IPV6;
+	return 0;
+}
+
+/* pk_tc_ext: the ingress of the node's external interfaces. Wrapped
+ * packets go to decap alone and everything else to serve alone, so
+ * that the verifier walks each once (serve after decap's every exit
+ * came within 6% of its instruction limit). */
 SEC("tc")
 int pk_tc_ext(struct __sk_buff *skb)
 {
-	int v = decap(skb);
+	if (wrapped(skb)) {
+		int v = decap(skb);
 
-	return v >= 0 ? v : serve(skb, 0);
+		return v >= 0 ? v : TC_ACT_UNSPEC;
+	}
+	return serve(skb, 0);
 }
 
 /* pk_tc_pod: the ingress of every other interface (the node side of
