@@ -241,15 +241,27 @@ static __always_inline int is_error(__u8 type, int v6)
 	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED || type == ICMP_PARAMETERPROB;
 }
 
-/* set_addr is put_addr, when old and new differ, with one checksum at
- * csum: an IPv4 header's (l3) or else an ICMP one's (flags
- * BPF_F_PSEUDO_HDR when the address is in its pseudo-header). */
+/* set_addr writes address a at off: 4 bytes (the last word) for IPv4,
+ * 16 for IPv6; the checksum at csum (if any) covers it (l3: an IPv4
+ * header's; else an ICMP one's, flags BPF_F_PSEUDO_HDR when the address
+ * is in its pseudo-header). */
 static __always_inline int set_addr(struct __sk_buff *skb, __u32 off, const __be32 old[4], const __be32 new[4], int v6,
 				    __u32 csum, int l3, __u64 flags)
 {
+	__be32 o[4], n[4];
+	__u32 len = v6 ? 16 : 4;
+	__s64 diff;
+
 	if (same16(old, new))
 		return 0;
-	return put_addr(skb, off, old, new, v6, l3 ? csum : 0, l3 ? 0 : csum, flags);
+	copy16(o, old);
+	copy16(n, new);
+	diff = v6 ? bpf_csum_diff(o, 16, n, 16, 0) : bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
+	if (diff < 0)
+		return -1;
+	if (csum && (l3 ? bpf_l3_csum_replace(skb, csum, 0, diff, 0) : bpf_l4_csum_replace(skb, csum, 0, diff, flags)))
+		return -1;
+	return bpf_skb_store_bytes(skb, off, v6 ? (void *)n : (void *)&n[3], len, 0);
 }
 
 /* related translates an ICMP error about a packet of a tracked flow,

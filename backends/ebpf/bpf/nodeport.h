@@ -425,30 +425,6 @@ static __always_inline int same16(const __be32 a[4], const __be32 b[4])
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
 }
 
-/* put_addr replaces address old at off with new (the last word for
- * IPv4, all 16 bytes for IPv6) and fixes the checksums that cover it:
- * an IPv4 header's at l3 and an L4 one's at l4 (with l4flags:
- * BPF_F_PSEUDO_HDR when the address is in its pseudo-header); 0 leaves
- * one out. */
-static __always_inline int put_addr(CTX *ctx, __u32 off, const __be32 old[4], const __be32 new[4], int v6, __u32 l3,
-				    __u32 l4, __u64 l4flags)
-{
-	__u32 len = v6 ? 16 : 4;
-	__be32 o[4], n[4];
-	__s64 diff;
-
-	copy16(o, old);
-	copy16(n, new);
-	diff = v6 ? bpf_csum_diff(o, 16, n, 16, 0) : bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
-	if (diff < 0)
-		return -1;
-	if (l3 && pk_l3_csum(ctx, l3, 0, diff, 0))
-		return -1;
-	if (l4 && pk_l4_csum(ctx, l4, 0, diff, l4flags))
-		return -1;
-	return pk_store(ctx, off, v6 ? (void *)n : (void *)&n[3], len, 0);
-}
-
 /* rewrite_addr replaces the address at off (the source or destination
  * of the IP header) and fixes the IPv4 header checksum and the L4
  * checksum (whose pseudo-header covers it). */
@@ -456,10 +432,29 @@ static __always_inline int rewrite_addr(CTX *ctx, const struct pkt *p, __u32 off
 					const __be32 new[4])
 {
 	__u64 flags = BPF_F_PSEUDO_HDR;
+	__be32 o[4], n[4];
+	__s64 diff;
 
 	if (p->t.proto == IPPROTO_UDP)
 		flags |= BPF_F_MARK_MANGLED_0;
-	return put_addr(ctx, off, old, new, p->v6, p->v6 ? 0 : ETH_HLEN + 10, p->csumoff, flags);
+	copy16(o, old);
+	copy16(n, new);
+	if (!p->v6) {
+		diff = bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
+		if (diff < 0)
+			return -1;
+		if (pk_l3_csum(ctx, ETH_HLEN + 10, 0, diff, 0))
+			return -1;
+		if (pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
+			return -1;
+		return pk_store(ctx, off, &n[3], 4, 0);
+	}
+	diff = bpf_csum_diff(o, 16, n, 16, 0);
+	if (diff < 0)
+		return -1;
+	if (pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
+		return -1;
+	return pk_store(ctx, off, n, 16, 0);
 }
 
 /* rewrite_port replaces the L4 port at off and fixes the L4 checksum. */
