@@ -319,7 +319,6 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 			return err
 		}
 	}
-	addLocals(want.locals, want.slots, 1)
 	putL, delL := presence(have.locals, want.locals)
 	if err := t.write(have, want, putL, delL); err != nil {
 		t.st = nil
@@ -368,9 +367,14 @@ func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) (p *portPla
 // leave forgets the groups of service port name, which the maps do not
 // hold, and returns its error.
 func (t *tcBackend) leave(name model.ServicePortName, err error) error {
+	t.forget(name)
+	return fmt.Errorf("ebpf: tc: %w", err)
+}
+
+// forget drops the groups of service port name.
+func (t *tcBackend) forget(name model.ServicePortName) {
 	delete(t.groups, groupName{name, false})
 	delete(t.groups, groupName{name, true})
-	return fmt.Errorf("ebpf: tc: %w", err)
 }
 
 // syncChanged renders the Changed service ports of req, writes the
@@ -403,8 +407,7 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 		next[name] = nil
 		sp := req.State.Services[name]
 		if sp == nil {
-			delete(t.groups, groupName{name, false})
-			delete(t.groups, groupName{name, true})
+			t.forget(name)
 			delete(t.badMode, name)
 			continue
 		}
@@ -420,9 +423,8 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 	}
 	// Endpoints of this node may serve several service ports: their
 	// pk_nsloc entries follow the count of local slots over all.
-	delta := map[nslocKey]int{}
+	delta := maps.Clone(want.locals)
 	addLocals(delta, have.slots, -1)
-	addLocals(delta, want.slots, 1)
 	var putL, delL []nslocKey
 	for k, d := range delta {
 		old := t.st.locals[k]
@@ -586,6 +588,7 @@ func (t *tcBackend) renderGroup(st *nsState, g *nsGroup, eps []*model.Endpoint) 
 		v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
 		if local[ep] {
 			v.Flags = nsbeLocal
+			st.locals[nslocKey{Addr: v.Addr, Port: v.Port}]++
 		}
 		st.slots[beKey{ID: g.id, Slot: uint32(i)}] = v
 	}
