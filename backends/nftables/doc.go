@@ -10,14 +10,16 @@
 //
 // The table holds a bounded number of sets, maps and shared chains
 // whatever the number of services: eleven fixed sets, and per shard (at
-// most 256) an endpoint map, an affinity set and three shared chains,
+// most 256) an endpoint map (split into up to 16 parts past 256 service
+// ports), an affinity set and three shared chains,
 // created when a service port first uses them and deleted when the last
 // one stops, so that a node with a few services lists a few hundred lines.
 // A family without service ports or service ranges has no table. Service addresses and
 // node ports dispatch through verdict maps to the shared chain of their
-// shard, whose one rule draws a random position and looks up the packet's
-// own destination (daddr . proto . dport; hashed for IPv6) plus that
-// position in an interval map of endpoint ranges: the endpoint whose range
+// shard, whose rule (one per part in use) draws a random position and
+// looks up the packet's own destination (daddr . proto . dport; hashed for
+// IPv6) plus that position in an interval map of endpoint ranges: the
+// endpoint whose range
 // holds the position is the DNAT target. No rule depends on a service's
 // endpoints, and most service ports have no chain of their own, so adding
 // or removing an endpoint changes map elements only and costs the same at

@@ -224,7 +224,10 @@ type plan struct {
 	// newObjects and delObjects are the shard objects the change makes
 	// the first user of and leaves unused.
 	newObjects, delObjects []shardRef
-	owner                  map[string]*model.ServicePortName // chain -> service, for errors
+	// parts returns the parts of a shard's endpoint maps in use after
+	// the change.
+	parts func(shard uint32) partSet
+	owner map[string]*model.ServicePortName // chain -> service, for errors
 }
 
 // elemOp adds or deletes elements of one set for one service port (nil:
@@ -372,6 +375,9 @@ func (b *backend) buildIncremental(req *proxier.SyncRequest, skip map[model.Serv
 	}
 	slices.SortFunc(p.newObjects, compareRefs)
 	slices.SortFunc(p.delObjects, func(a, b shardRef) int { return compareRefs(b, a) })
+	if err := b.diffParts(p, d); err != nil {
+		return nil, nil, nil, err
+	}
 	tx, err := b.incrementalBatch(p)
 	if err != nil {
 		return nil, nil, nil, err
@@ -531,6 +537,42 @@ func (b *backend) diffShared(p *plan, d *delta) {
 	}
 }
 
+// diffParts sets p.parts, and rewrites the shared chains that stay
+// while the parts of their shard's endpoint maps in use change: they
+// read one more or one fewer (a rule change, rare: the parts of a shard
+// come into use as the table grows past multiples of numShards service
+// ports).
+func (b *backend) diffParts(p *plan, d *delta) error {
+	st := d.base
+	p.parts = func(shard uint32) partSet {
+		return partsOf(shard, func(ref shardRef) int { return st.objects[ref] + d.objects[ref] })
+	}
+	shards := map[uint32]bool{}
+	for ref, n := range d.objects {
+		if ref.kind == objEndpoints && n != 0 {
+			shards[ref.shard] = true
+		}
+	}
+	for _, shard := range slices.Sorted(maps.Keys(shards)) {
+		before, after := st.objects.parts(shard), p.parts(shard)
+		if before == after {
+			continue
+		}
+		for kind := objCluster; kind <= objNodePort; kind++ {
+			ref := shardRef{kind: kind, shard: shard}
+			if st.objects[ref] <= 0 || st.objects[ref]+d.objects[ref] <= 0 {
+				continue // new or deleted: built with after, or gone
+			}
+			o, err := b.r.object(ref, after)
+			if err != nil {
+				return err
+			}
+			p.changedChains = append(p.changedChains, o.chain)
+		}
+	}
+	return nil
+}
+
 // incrementalBatch orders p's operations so every reference is valid at
 // each step: chains exist before rules and elements point to them, and
 // elements and rules that point to a chain go before it.
@@ -540,7 +582,7 @@ func (b *backend) incrementalBatch(p *plan) (*nftnl.Batch, error) {
 	// them.
 	var newShared []*chainObj
 	for _, ref := range p.newObjects {
-		o, err := b.r.object(ref)
+		o, err := b.r.object(ref, p.parts(ref.shard))
 		if err != nil {
 			return nil, err
 		}

@@ -455,7 +455,7 @@ func TestKernel(t *testing.T) {
 		mustSync(t, b6, request(model.IPv6, nil, nil))
 		id := func(s testSvc) uint32 { return b4.st.services[s.Port.Name].id }
 		shard := func(s testSvc) uint32 { sh, _ := groupOf(id(s), 0); return sh }
-		want := []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a))}
+		want := []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a), 0)}
 		slices.Sort(want)
 		if got := shardObjs(); !slices.Equal(got, want) {
 			t.Fatalf("one cluster IP service: shard objects %v, want %v", got, want)
@@ -467,7 +467,7 @@ func TestKernel(t *testing.T) {
 		// flows through it.
 		mustSync(t, b4, request(model.IPv4, []testSvc{a, sticky, np}, backendtest.Names(sticky, np)))
 		want = append(want, affinitySet(shard(sticky)), sharedChain(chainClusterPrefix, shard(np)),
-			endpointsMap(shard(np)), sharedChain(chainNodePortPrefix, shard(np)))
+			endpointsMap(shard(np), 0), sharedChain(chainNodePortPrefix, shard(np)))
 		slices.Sort(want)
 		if got := shardObjs(); !slices.Equal(got, want) {
 			t.Fatalf("after adding affinity and node port services: shard objects %v, want %v", got, want)
@@ -480,7 +480,7 @@ func TestKernel(t *testing.T) {
 		}
 		// Removing them removes what nothing else uses.
 		mustSync(t, b4, request(model.IPv4, []testSvc{a}, backendtest.Names(sticky, np)))
-		want = []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a))}
+		want = []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a), 0)}
 		slices.Sort(want)
 		if got := shardObjs(); !slices.Equal(got, want) {
 			t.Fatalf("after removing them: shard objects %v, want %v", got, want)
@@ -494,7 +494,7 @@ func TestKernel(t *testing.T) {
 		b4.Close()
 		b4 = newTestBackend(t, topo.node, model.IPv4, Config{})
 		mustSync(t, b4, request(model.IPv4, []testSvc{a}, nil))
-		want = []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a))}
+		want = []string{sharedChain(chainClusterPrefix, shard(a)), endpointsMap(shard(a), 0)}
 		slices.Sort(want)
 		if got := shardObjs(); !slices.Equal(got, want) {
 			t.Fatalf("after a takeover: shard objects %v, want %v", got, want)

@@ -92,6 +92,23 @@ const (
 	chainNodePortPrefix = "nodeport-" // + shard: node ports, policy Cluster
 )
 
+// numParts is the number of endpoint maps a shard may split into. The
+// kernel rebuilds an interval map's lookup array from the whole map at
+// every commit that changes it (nft_rbtree_commit, 6.18): one map per
+// shard held about 7,800 elements at 100,000 service ports, and an
+// endpoint change spent most of its kernel time there. The service ports
+// of a shard spread over its parts by id (see partOf), and its shared
+// chains read every part in use, one balancing rule each (a lookup that
+// finds nothing ends its rule, and the packet goes on to the next), so a
+// change rebuilds one small map, without adding chains, which every
+// commit walks. Below numShards service ports, only part 0 is in use.
+const numParts = 16
+
+// partOf returns the part of its shard's endpoint maps that holds the
+// range sets of the service port with id id: consecutive ids fill the
+// shards, then the next part.
+func partOf(id uint32) uint32 { return id / numShards % numParts }
+
 // groupOf returns the shard of the service port with id id and the local
 // number of its internal (ext 0) or external (ext 1) endpoint group, which
 // names the group's ranges when it has a chain of its own. Both groups of a
@@ -100,8 +117,27 @@ func groupOf(id, ext uint32) (shard, local uint32) {
 	return id % numShards, id/numShards*2 + ext
 }
 
-func endpointsMap(shard uint32) string { return fmt.Sprintf("%s%03d", setEndpointsPrefix, shard) }
-func affinitySet(shard uint32) string  { return fmt.Sprintf("%s%03d", setAffinityPrefix, shard) }
+// endpointsMap names part part of a shard's endpoint maps: endpoints-SHARD
+// for part 0, endpoints-SHARD-PART for the others.
+func endpointsMap(shard, part uint32) string {
+	if part == 0 {
+		return fmt.Sprintf("%s%03d", setEndpointsPrefix, shard)
+	}
+	return fmt.Sprintf("%s%03d-%d", setEndpointsPrefix, shard, part)
+}
+
+// shardOfMap returns the name of part 0 of the endpoint map set belongs
+// to (set itself for part 0 and any other set): range set prefixes are
+// unique within a shard, since its shared chains read all its parts.
+func shardOfMap(set string) string {
+	const n = len(setEndpointsPrefix) + 3
+	if len(set) > n && set[n] == '-' && strings.HasPrefix(set, setEndpointsPrefix) {
+		return set[:n]
+	}
+	return set
+}
+
+func affinitySet(shard uint32) string { return fmt.Sprintf("%s%03d", setAffinityPrefix, shard) }
 func sharedChain(kind string, shard uint32) string {
 	return fmt.Sprintf("%s%03d", kind, shard)
 }
@@ -256,10 +292,15 @@ func (fi *familyInfo) fixedSetSpecs() []*nftnl.Set {
 	return specs
 }
 
-// endpointsMapSpec returns the endpoint map of a shard. Its keys are
-// range set prefix . position (16 bytes, typed as IPv6 addresses for nft).
-func (fi *familyInfo) endpointsMapSpec(shard uint32) *nftnl.Set {
-	return &nftnl.Set{Name: endpointsMap(shard), ID: firstShardSetID + 2*shard,
+// endpointsMapSpec returns part part of a shard's endpoint maps. Its keys
+// are range set prefix . position (16 bytes, typed as IPv6 addresses for
+// nft).
+func (fi *familyInfo) endpointsMapSpec(shard, part uint32) *nftnl.Set {
+	id := firstShardSetID + 2*shard
+	if part > 0 {
+		id = firstShardSetID + 2*numShards + shard*numParts + part
+	}
+	return &nftnl.Set{Name: endpointsMap(shard, part), ID: id,
 		Key: nftnl.TypeIP6Addr, Data: nftnl.Concat(fi.AddrType, nftnl.TypeInetService), Interval: true,
 		Comment: "range set prefix . random position -> endpoint"}
 }

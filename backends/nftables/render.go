@@ -162,7 +162,7 @@ type renderer struct {
 	// Encoded constant rules.
 	jumpMasq, mark []byte
 	// objects caches the shard objects built so far.
-	objects map[shardRef]*shardObject
+	objects map[objectKey]*shardObject
 }
 
 func newRenderer(fi familyInfo, bit, affinitySize uint32, masqAll, clusterCIDRs bool, nodeIP netip.Addr) (*renderer, error) {

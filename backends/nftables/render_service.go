@@ -54,8 +54,10 @@ type svcRender struct {
 	extAddrs        []netip.Addr
 	extKeys, lbKeys [][]byte
 	npKey           []byte
-	// Balancing.
+	// Balancing: the shard and the part of its endpoint maps (epMap)
+	// that hold the service port's range sets.
 	shard     uint32
+	part      uint32
 	epMap     string
 	affinity  time.Duration
 	prevSlots [numGroups][]netip.AddrPort
@@ -100,7 +102,8 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 	}
 	s.shard, _ = groupOf(a.id, 0)
-	s.epMap = endpointsMap(s.shard)
+	s.part = partOf(a.id)
+	s.epMap = endpointsMap(s.shard, s.part)
 	if a.prev != nil {
 		s.prevSlots, s.prevAIDs = a.prev.slots, a.prev.aids
 	}
@@ -216,12 +219,12 @@ func (s *svcRender) free(prefixes ...[]byte) bool {
 func (s *svcRender) ranges(prefix []byte, which uint32) {
 	s.used[string(prefix)] = true
 	s.o.ranges = append(s.o.ranges, rangeSpec{set: s.epMap, prefix: prefix, group: uint8(which)})
-	s.o.uses(shardRef{objEndpoints, s.shard})
+	s.o.uses(shardRef{kind: objEndpoints, shard: s.shard, part: s.part})
 }
 
 // toShared is a verdict to the shard's shared chain of a kind.
 func (s *svcRender) toShared(kind shardObjKind) *verdict {
-	ref := shardRef{kind, s.shard}
+	ref := shardRef{kind: kind, shard: s.shard}
 	s.o.uses(ref)
 	return goToV(ref.name())
 }
@@ -244,7 +247,7 @@ func (s *svcRender) ownGroup(which uint32, slots []netip.AddrPort) [][]byte {
 	if s.affinity == 0 {
 		p := ownGroupPrefix(s.a.id, which)
 		s.ranges(p, which)
-		return [][]byte{s.enc(fi.prefixRule(s.shard, p))}
+		return [][]byte{s.enc(fi.prefixRule(s.shard, s.part, p))}
 	}
 	// Keep the affinity ids of endpoints that stay.
 	old := map[netip.AddrPort]uint32{}
@@ -260,7 +263,7 @@ func (s *svcRender) ownGroup(which uint32, slots []netip.AddrPort) [][]byte {
 		}
 	}
 	s.o.aids[which] = aids
-	s.o.uses(shardRef{objAffinity, s.shard})
+	s.o.uses(shardRef{kind: objAffinity, shard: s.shard})
 	var out [][]byte
 	for _, ru := range fi.affinityRules(s.shard, aids, slots, s.affinity) {
 		out = append(out, s.enc(ru))
@@ -390,7 +393,7 @@ func (s *svcRender) externalShared() bool {
 // toCluster ends a rule by balancing over the cluster endpoints.
 func (s *svcRender) toCluster(name model.ServicePortName, ru rule) []byte {
 	if s.clusterPrefix != nil {
-		return s.enc(append(ru, s.fi.prefixRule(s.shard, s.clusterPrefix)...))
+		return s.enc(append(ru, s.fi.prefixRule(s.shard, s.part, s.clusterPrefix)...))
 	}
 	return s.enc(append(ru, nftnl.Goto(svcChain(name))))
 }
@@ -409,7 +412,7 @@ func (s *svcRender) shortCircuit(name model.ServicePortName, wide []netip.AddrPo
 		if s.affinity == 0 {
 			p := ownGroupPrefix(s.a.id, groupWide)
 			s.ranges(p, groupWide)
-			pick = fi.prefixRule(s.shard, p)
+			pick = fi.prefixRule(s.shard, s.part, p)
 		} else {
 			// Affinity takes several rules: a chain of its own.
 			all := allChain(name)

@@ -86,7 +86,7 @@ func TestRenderClusterIP(t *testing.T) {
 	}
 	// Two ranges, [0, 32767) and [32767, 65535), under the packet's own
 	// daddr . proto . dport.
-	eps := elemsOf(o, endpointsMap(shard))
+	eps := elemsOf(o, endpointsMap(shard, 0))
 	wantPos := []uint32{0, 32767, 32767, 65535}
 	if len(eps) != 4 {
 		t.Fatalf("endpoints %v", eps)
@@ -128,7 +128,7 @@ func TestRenderClusterIP(t *testing.T) {
 	if !slices.EqualFunc(o3.chains[0].enc, o.chains[0].enc, bytes.Equal) {
 		t.Errorf("the balancing rule changed with the number of endpoints")
 	}
-	if n := len(elemsOf(o3, endpointsMap(shard))); n != 6 {
+	if n := len(elemsOf(o3, endpointsMap(shard, 0))); n != 6 {
 		t.Errorf("%d range elements for 3 endpoints, want 6", n)
 	}
 }
@@ -200,7 +200,7 @@ func TestRenderPolicies(t *testing.T) {
 	if d := elemsOf(o, setServiceNodePorts); len(d) != 1 || d[0].Verdict.Chain != sharedChain(chainNodePortPrefix, shard) {
 		t.Fatalf("node port: %+v, want goto %s", d, sharedChain(chainNodePortPrefix, shard))
 	}
-	if n := len(elemsOf(o, endpointsMap(shard))); n != 2 {
+	if n := len(elemsOf(o, endpointsMap(shard, 0))); n != 2 {
 		t.Errorf("%d range elements, want 2 (the node port's)", n)
 	}
 
@@ -240,10 +240,10 @@ func TestRenderPolicies(t *testing.T) {
 		t.Fatalf("chains %v", got)
 	}
 	shard, local := groupOf(4, 1)
-	if n := len(elemsOf(o, endpointsMap(shard))); n != 4+2 {
+	if n := len(elemsOf(o, endpointsMap(shard, 0))); n != 4+2 {
 		t.Errorf("%d range elements, want 6", n)
 	}
-	wantOwn, err := encodeExprs(r.fi.proto, r.fi.prefixRule(shard, groupPrefix(local)))
+	wantOwn, err := encodeExprs(r.fi.proto, r.fi.prefixRule(shard, 0, groupPrefix(local)))
 	if err != nil || !slices.Equal(o.chains[0].enc[2], wantOwn) {
 		t.Errorf("last rule does not balance over the local endpoints")
 	}
@@ -251,7 +251,7 @@ func TestRenderPolicies(t *testing.T) {
 	// The shared cluster chains masquerade traffic from outside the
 	// cluster.
 	masq := testRenderer(t, model.IPv4, true)
-	cl, err := masq.object(shardRef{objCluster, 0})
+	cl, err := masq.object(shardRef{kind: objCluster}, 1)
 	if err != nil || cl.chain == nil || cl.chain.name != sharedChain(chainClusterPrefix, 0) ||
 		len(cl.chain.enc) == 0 || !slices.Equal(cl.chain.enc[0], masq.jumpMasq) {
 		t.Errorf("cluster chain does not jump to %s: %v", chainMasqCluster, err)
@@ -373,8 +373,8 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 	// element is added. Nothing else.
 	shard, _ := groupOf(st.services[changed.Port.Name].id, 0)
 	want := []string{
-		name + ": delete elements from " + endpointsMap(shard),
-		name + ": add elements to " + endpointsMap(shard),
+		name + ": delete elements from " + endpointsMap(shard, 0),
+		name + ": add elements to " + endpointsMap(shard, 0),
 		"add elements to hairpin",
 	}
 	if !slices.Equal(msgs, want) {
@@ -389,7 +389,7 @@ func TestIncrementalTouchesOnlyChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	msgs = messages(tx)
-	for _, m := range []string{name + ": delete elements from " + setServiceIPs, name + ": delete elements from " + endpointsMap(shard)} {
+	for _, m := range []string{name + ": delete elements from " + setServiceIPs, name + ": delete elements from " + endpointsMap(shard, 0)} {
 		if !slices.Contains(msgs, m) {
 			t.Errorf("no %q in:\n%s", m, strings.Join(msgs, "\n"))
 		}

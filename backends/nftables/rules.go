@@ -18,13 +18,14 @@ import (
 type rule = nftnl.Rule
 
 // pick ends a balancing rule whose first three registers hold a range set
-// prefix: a random position below randRange completes the key, the
-// endpoint map yields the endpoint whose range holds it, DNAT to it.
-func (fi *familyInfo) pick(shard uint32) rule {
+// prefix: a random position below randRange completes the key, part part
+// of the shard's endpoint maps yields the endpoint whose range holds it,
+// DNAT to it. When the part has no such range, the rule ends there.
+func (fi *familyInfo) pick(shard, part uint32) rule {
 	a := fi.AddrRegs()
 	return rule{
 		&expr.Numgen{Register: nftnl.Reg(3), Modulus: randRange, Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: nftnl.Reg(0), DestRegister: nftnl.Reg(4), IsDestRegSet: true, SetName: endpointsMap(shard)},
+		&expr.Lookup{SourceRegister: nftnl.Reg(0), DestRegister: nftnl.Reg(4), IsDestRegSet: true, SetName: endpointsMap(shard, part)},
 		fi.DNAT(nftnl.Reg(4), nftnl.Reg(4+a)),
 	}
 }
@@ -32,13 +33,13 @@ func (fi *familyInfo) pick(shard uint32) rule {
 // tupleRule balances over the range set named by the packet's destination
 // (see tuplePrefix), for the shared chains of service addresses:
 //
-//	dnat to ip daddr . meta l4proto . th dport . numgen random mod 65535 map @endpoints-SHARD
-//	dnat to jhash ip6 daddr . meta l4proto . th dport mod 4294967295 seed 0x70726f78 . 0x0 . numgen random mod 65535 map @endpoints-SHARD
+//	dnat to ip daddr . meta l4proto . th dport . numgen random mod 65535 map @endpoints-SHARD[-PART]
+//	dnat to jhash ip6 daddr . meta l4proto . th dport mod 4294967295 seed 0x70726f78 . 0x0 . numgen random mod 65535 map @endpoints-SHARD[-PART]
 //
 // No rule names a service or depends on its endpoints: adding or removing
 // endpoints changes map elements only (a changed rule would make the
 // kernel validate the whole table at commit).
-func (fi *familyInfo) tupleRule(shard uint32) rule {
+func (fi *familyInfo) tupleRule(shard, part uint32) rule {
 	key, _ := fi.KeyExprs()
 	r := append(rule{}, key...)
 	if fi.AddrLen != 4 {
@@ -47,23 +48,23 @@ func (fi *familyInfo) tupleRule(shard uint32) rule {
 				Seed: hashSeed, Type: expr.HashTypeJenkins},
 			&expr.Immediate{Register: nftnl.Reg(1), Data: make([]byte, 8)})
 	}
-	return append(r, fi.pick(shard)...)
+	return append(r, fi.pick(shard, part)...)
 }
 
 // nodePortRule balances over the range set of the packet's node port:
 //
-//	dnat to 0xffffffff . meta l4proto . th dport . numgen random mod 65535 map @endpoints-SHARD
-func (fi *familyInfo) nodePortRule(shard uint32) rule {
+//	dnat to 0xffffffff . meta l4proto . th dport . numgen random mod 65535 map @endpoints-SHARD[-PART]
+func (fi *familyInfo) nodePortRule(shard, part uint32) rule {
 	r := rule{&expr.Immediate{Register: nftnl.Reg(0), Data: nftnl.BE32(tagNodePort)}, nftnl.LoadL4Proto(nftnl.Reg(1)), nftnl.LoadDport(nftnl.Reg(2))}
-	return append(r, fi.pick(shard)...)
+	return append(r, fi.pick(shard, part)...)
 }
 
 // prefixRule balances over the range set with the given prefix, for the
 // chain of one service port:
 //
-//	dnat to PREFIX . numgen random mod 65535 map @endpoints-SHARD
-func (fi *familyInfo) prefixRule(shard uint32, prefix []byte) rule {
-	return append(rule{&expr.Immediate{Register: nftnl.Reg(0), Data: prefix}}, fi.pick(shard)...)
+//	dnat to PREFIX . numgen random mod 65535 map @endpoints-SHARD[-PART]
+func (fi *familyInfo) prefixRule(shard, part uint32, prefix []byte) rule {
+	return append(rule{&expr.Immediate{Register: nftnl.Reg(0), Data: prefix}}, fi.pick(shard, part)...)
 }
 
 // affinityRules balance with session affinity over eps, whose affinity
@@ -142,18 +143,28 @@ func (fi *familyInfo) firewallRule() rule {
 // sharedChainRules returns the rules of a shared chain (see shardRef):
 // the cluster chains masquerade as the table is configured to (masqCluster:
 // the chain mark-cluster-masquerade exists), the external and node port
-// ones mark for masquerading; all balance by the packet's destination.
-func (fi *familyInfo) sharedChainRules(ref shardRef, bit uint32, masqCluster bool) []rule {
-	switch ref.kind {
-	case objCluster:
-		if masqCluster {
-			return []rule{{nftnl.Jump(chainMasqCluster)}, fi.tupleRule(ref.shard)}
-		}
-		return []rule{fi.tupleRule(ref.shard)}
-	case objExternal:
-		return []rule{nftnl.SetMark(bit), fi.tupleRule(ref.shard)}
+// ones mark for masquerading; all balance by the packet's destination,
+// one rule for each part of the shard's endpoint maps in parts (the
+// packet's range set is in one of them).
+func (fi *familyInfo) sharedChainRules(ref shardRef, parts partSet, bit uint32, masqCluster bool) []rule {
+	var out []rule
+	switch {
+	case ref.kind == objCluster && masqCluster:
+		out = append(out, rule{nftnl.Jump(chainMasqCluster)})
+	case ref.kind != objCluster:
+		out = append(out, nftnl.SetMark(bit))
 	}
-	return []rule{nftnl.SetMark(bit), fi.nodePortRule(ref.shard)}
+	for p := range uint32(numParts) {
+		if parts&(1<<p) == 0 {
+			continue
+		}
+		if ref.kind == objNodePort {
+			out = append(out, fi.nodePortRule(ref.shard, p))
+		} else {
+			out = append(out, fi.tupleRule(ref.shard, p))
+		}
+	}
+	return out
 }
 
 // skeleton returns the fixed chains and their rules, in creation order.

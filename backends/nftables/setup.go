@@ -222,8 +222,8 @@ func (b *backend) features() []feature {
 		{"concatenated interval sets (nft_set_pipapo)", func(tx *nftnl.Batch) { set(tx, setFirewallAllow) }},
 		{"interval sets (nft_set_rbtree)", func(tx *nftnl.Batch) { set(tx, setClusterCIDRs) }},
 		{"interval maps with data registers and DNAT from registers (nft_nat)", func(tx *nftnl.Batch) {
-			tx.AddSet(fi.endpointsMapSpec(0))
-			rl(tx, "c", natHook, fi.tupleRule(0))
+			tx.AddSet(fi.endpointsMapSpec(0, 0))
+			rl(tx, "c", natHook, fi.tupleRule(0, 0))
 		}},
 		{"dynamic sets with timeouts (nft_dynset)", func(tx *nftnl.Batch) {
 			tx.AddSet(fi.affinitySetSpec(0, 16))
@@ -248,7 +248,7 @@ func (b *backend) addSkeleton(tx *nftnl.Batch) error {
 	}
 	chains := b.skeletonChains()
 	for kind := objEndpoints; kind <= objNodePort; kind++ {
-		o, err := b.r.object(shardRef{kind, 0})
+		o, err := b.r.object(shardRef{kind: kind}, 1)
 		if err != nil {
 			return err
 		}
@@ -276,7 +276,7 @@ func (b *backend) addSkeleton(tx *nftnl.Batch) error {
 // balancing with affinity over two endpoints.
 func (fi *familyInfo) sampleServiceRules() []rule {
 	eps := []netip.AddrPort{netip.AddrPortFrom(fi.sampleAddr(), 80), netip.AddrPortFrom(fi.sampleAddr(), 81)}
-	rules := []rule{fi.tupleRule(0), fi.nodePortRule(0), fi.prefixRule(0, groupPrefix(2))}
+	rules := []rule{fi.tupleRule(0, 0), fi.nodePortRule(0, 0), fi.prefixRule(0, 0, groupPrefix(2))}
 	return append(rules, fi.affinityRules(0, []uint32{1, 2}, eps, time.Second)...)
 }
 

@@ -25,10 +25,12 @@ const (
 	objNodePort                      // shared chain: node ports, policy Cluster
 )
 
-// shardRef names one object of one shard.
+// shardRef names one object of one shard: part is the part of an
+// endpoint map (see numParts), 0 for the other kinds.
 type shardRef struct {
 	kind  shardObjKind
 	shard uint32
+	part  uint32
 }
 
 // isSet reports whether the object is a set (else a chain).
@@ -38,7 +40,7 @@ func (r shardRef) isSet() bool { return r.kind <= objAffinity }
 func (r shardRef) name() string {
 	switch r.kind {
 	case objEndpoints:
-		return endpointsMap(r.shard)
+		return endpointsMap(r.shard, r.part)
 	case objAffinity:
 		return affinitySet(r.shard)
 	case objCluster:
@@ -54,7 +56,10 @@ func compareRefs(a, b shardRef) int {
 	if c := cmp.Compare(a.kind, b.kind); c != 0 {
 		return c
 	}
-	return cmp.Compare(a.shard, b.shard)
+	if c := cmp.Compare(a.shard, b.shard); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.part, b.part)
 }
 
 // uses records that o refers to ref (once).
@@ -71,29 +76,56 @@ type shardObject struct {
 	chain *chainObj
 }
 
-// object returns the shard object ref, built once per renderer.
-func (r *renderer) object(ref shardRef) (*shardObject, error) {
-	if o := r.objects[ref]; o != nil {
+// partSet is a set of parts of a shard's endpoint maps: bit p for part p.
+type partSet uint16
+
+// partsOf returns the parts of shard's endpoint maps that n, a count of
+// users, says are in use.
+func partsOf(shard uint32, n func(shardRef) int) partSet {
+	var ps partSet
+	for p := range uint32(numParts) {
+		if n(shardRef{kind: objEndpoints, shard: shard, part: p}) > 0 {
+			ps |= 1 << p
+		}
+	}
+	return ps
+}
+
+// objectKey identifies a built shard object: a shared chain's rules
+// depend on the parts of its shard's endpoint maps in use.
+type objectKey struct {
+	ref   shardRef
+	parts partSet
+}
+
+// object returns the shard object ref, built once per renderer; a shared
+// chain reads the endpoint map parts parts (ignored for sets).
+func (r *renderer) object(ref shardRef, parts partSet) (*shardObject, error) {
+	if ref.isSet() {
+		parts = 0
+	}
+	key := objectKey{ref, parts}
+	if o := r.objects[key]; o != nil {
 		return o, nil
 	}
 	fi := &r.fi
 	o := &shardObject{}
 	switch ref.kind {
 	case objEndpoints:
-		o.set = fi.endpointsMapSpec(ref.shard)
+		o.set = fi.endpointsMapSpec(ref.shard, ref.part)
 	case objAffinity:
 		o.set = fi.affinitySetSpec(ref.shard, r.affinitySize)
 	default:
-		c := &chainObj{name: ref.name(), rules: fi.sharedChainRules(ref, r.bit, r.masqCluster)}
+		c := &chainObj{name: ref.name(), rules: fi.sharedChainRules(ref, parts, r.bit, r.masqCluster)}
 		if err := r.encode(c); err != nil {
 			return nil, err
 		}
 		o.chain = c
 	}
 	if r.objects == nil {
-		r.objects = map[shardRef]*shardObject{}
+		r.objects = map[objectKey]*shardObject{}
 	}
-	r.objects[ref] = o
+	r.objects[key] = o
 	return o, nil
 }
 
@@ -109,6 +141,11 @@ func (c objectCounts) add(o *svcObjs, d int) {
 			delete(c, ref)
 		}
 	}
+}
+
+// parts returns the parts of shard's endpoint maps in use.
+func (c objectCounts) parts(shard uint32) partSet {
+	return partsOf(shard, func(ref shardRef) int { return c[ref] })
 }
 
 // sorted returns the objects with a positive count, in creation order.

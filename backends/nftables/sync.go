@@ -190,7 +190,9 @@ func hairpinKey(buf []byte, a netip.Addr) []byte {
 	return append(append(buf, v[:]...), v[:]...)
 }
 
-func prefixSpace(set string) string { return "prefix " + set }
+// prefixSpace is the owner space of the range set prefixes of an
+// endpoint map: its shard's (see shardOfMap).
+func prefixSpace(set string) string { return "prefix " + shardOfMap(set) }
 
 // Sync makes the kernel match req in one transaction.
 func (b *backend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
@@ -535,7 +537,7 @@ func (b *backend) fullBatch(st *state, mode fullMode, stale, staleSets []string,
 	}
 	// The shard objects the service ports use.
 	for _, ref := range st.objects.sorted() {
-		o, err := b.r.object(ref)
+		o, err := b.r.object(ref, st.objects.parts(ref.shard))
 		if err != nil {
 			return nil, err
 		}
