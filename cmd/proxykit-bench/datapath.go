@@ -38,6 +38,10 @@ import (
 //     sends pre-built 60-byte frames at full speed to the node port;
 //     packets per second that reach the endpoint pod, and what node1
 //     did not forward.
+//   - UDP forwarded by node1: the same sender while node2's interface
+//     toward node1 counts and drops every packet from node1 at XDP
+//     (the sink, datapath_wire.go): packets per second node1 forwarded,
+//     without node2's and the pod's work after it.
 //
 // Every path of a size is set up first and stays up; the runs then go
 // round the paths Repeat times (in a rotating order), so that the
@@ -346,6 +350,9 @@ type DPCase struct {
 	SetupSeconds float64      `json:"setup_seconds,omitempty"`
 	TCP          []*crrResult `json:"tcp,omitempty"`
 	UDP          []*udpResult `json:"udp,omitempty"`
+	// UDPSink are the UDP runs with node2's XDP sink: what node1 alone
+	// forwarded.
+	UDPSink []*udpResult `json:"udp_sink,omitempty"`
 	// Errors are the runs that failed.
 	Errors []string `json:"errors,omitempty"`
 }
@@ -401,7 +408,7 @@ func runDatapath(ctx context.Context, o Options) (*DatapathReport, error) {
 			switch {
 			case ctx.Err() != nil:
 				c.Status, c.Reason = "cut", "interrupted"
-			case time.Until(r.deadline) < o.DPRun*time.Duration(2*o.DPRepeat):
+			case time.Until(r.deadline) < o.DPRun*time.Duration(dpRunsPerRound*o.DPRepeat):
 				c.Status, c.Reason = "cut", fmt.Sprintf("not enough left of --time-limit=%v", o.TimeLimit)
 			default:
 				r.logf("data path %s %s: set-up ...", c.Label, sz)
@@ -426,7 +433,7 @@ func runDatapath(ctx context.Context, o Options) (*DatapathReport, error) {
 			r.dpTeardown(l)
 			c := l.c
 			switch {
-			case len(c.TCP) > 0 || len(c.UDP) > 0:
+			case len(c.TCP) > 0 || len(c.UDP) > 0 || len(c.UDPSink) > 0:
 				c.Status = "ok"
 			case ctx.Err() != nil:
 				c.Status, c.Reason = "cut", "interrupted"
@@ -784,13 +791,18 @@ func (d dsrCounts) sub(b dsrCounts) dsrCounts {
 	return dsrCounts{ToClient: d.ToClient - b.ToClient, ToNode1: d.ToNode1 - b.ToNode1}
 }
 
-// dpMeasure makes one round of a path: a TCP_CRR run and a UDP run. On
-// a path with XDP, a run in which XDP did not do the path's work
-// failed; on a path with direct server return, a TCP_CRR run whose
-// replies came back through node1.
+// dpRunsPerRound are the runs of a path in a round: TCP_CRR, UDP at
+// the endpoint, UDP with node2's sink.
+const dpRunsPerRound = 3
+
+// dpMeasure makes one round of a path: a TCP_CRR run, a UDP run to the
+// endpoint and a UDP run into node2's XDP sink. On a path with XDP, a
+// run in which XDP did not do the path's work failed; on a path with
+// direct server return, a TCP_CRR run whose replies came back through
+// node1.
 func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 	c, t := l.c, l.t
-	bound := r.o.DPWarmup + r.o.DPRun + 30*time.Second
+	bound := dpRunsPerRound*(r.o.DPWarmup+r.o.DPRun) + 30*time.Second
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	xdpEnd, dsrEnd := dpXDPStart(l), dpDSRStart(l)
@@ -823,6 +835,25 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 	}
 	time.Sleep(200 * time.Millisecond)
 
+	r.dpUDP(cctx, l, false)
+	r.dpUDP(cctx, l, true)
+}
+
+// sinkLeak is how many packets the endpoint may receive in a run into
+// node2's sink: none of the datagrams, but node2's neighbour probes of
+// the pod (a pass through the sink is a failed run).
+const sinkLeak = 10
+
+// dpUDP makes one UDP run of a path: to the endpoint or, with sink,
+// into node2's XDP sink (which is switched on for the run). A run to
+// the endpoint fails when nothing reached it; one into the sink when
+// the sink counted nothing or datagrams passed it.
+func (r *runner) dpUDP(ctx context.Context, l *dpLive, sink bool) {
+	c, t := l.c, l.t
+	what := "UDP"
+	if sink {
+		what = "UDP into node2's sink"
+	}
 	p := udpSenderParams{
 		NetNS: t.Client.Path(), Device: "eth0", SrcMAC: l.srcMAC, DstMAC: l.dstMAC,
 		Src: t.Client.IPv4, Dst: l.dstUDP, Flows: r.o.DPFlows, CPU: r.o.DPSenderCPU,
@@ -834,36 +865,82 @@ func (r *runner) dpMeasure(ctx context.Context, l *dpLive) {
 			{Name: "endpoint", NetNS: t.Node2.Pods[0].Path(), Device: "eth0"},
 		},
 	}
-	xdpEnd, dsrEnd = dpXDPStart(l), dpDSRStart(l)
-	ch, err = r.startChild(cctx, roleUDPSender, "udp-sender", p)
-	if err == nil {
-		var res childResult
-		if res, err = ch.read(); err == nil {
-			err = ch.wait()
-		}
-		ch.kill()
-		if err == nil && res.UDP.Counters["endpoint"].RxPackets == 0 {
-			err = fmt.Errorf("no datagram reached the endpoint (%d sent)", res.UDP.Sent)
-		}
-		if err == nil {
-			res.UDP.XDP, err = xdpEnd()
-		}
-		if err == nil {
-			// Nothing answers the datagrams but the pod's ICMP port
-			// unreachable (rate-limited): counted, not checked.
-			res.UDP.DSR, err = dsrEnd()
-		}
-		if err == nil {
-			c.UDP = append(c.UDP, res.UDP)
-			u := udpFigures(res.UDP)
-			r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%%s%s", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop, res.UDP.XDP.describe(), res.UDP.DSR.describe())
-		}
-	}
+	err := r.dpUDPRun(ctx, l, p, sink)
 	if err != nil {
-		c.Errors = append(c.Errors, oneLine("UDP: "+err.Error()))
-		r.logf("data path %s %s: UDP: %v", c.Label, c.Size, err)
+		c.Errors = append(c.Errors, oneLine(what+": "+err.Error()))
+		r.logf("data path %s %s: %s: %v", c.Label, c.Size, what, err)
 	}
 	time.Sleep(200 * time.Millisecond)
+}
+
+// dpUDPRun runs the UDP sender with p and records its result in the
+// path's case, or returns why the run failed.
+func (r *runner) dpUDPRun(ctx context.Context, l *dpLive, p udpSenderParams, sink bool) (err error) {
+	c := l.c
+	if sink {
+		if p.SinkMapID, err = l.wire.sink.mapID(); err != nil {
+			return err
+		}
+		if err := l.wire.sinkOn(true); err != nil {
+			return err
+		}
+		defer func() {
+			if oerr := l.wire.sinkOn(false); err == nil {
+				err = oerr
+			}
+		}()
+	}
+	xdpEnd, dsrEnd := dpXDPStart(l), dpDSRStart(l)
+	ch, err := r.startChild(ctx, roleUDPSender, "udp-sender", p)
+	if err != nil {
+		return err
+	}
+	res, err := ch.read()
+	if err == nil {
+		err = ch.wait()
+	}
+	ch.kill()
+	if err != nil {
+		return err
+	}
+	if sink {
+		err = res.UDP.checkSink()
+	} else if res.UDP.Counters["endpoint"].RxPackets == 0 {
+		err = fmt.Errorf("no datagram reached the endpoint (%d sent)", res.UDP.Sent)
+	}
+	if err != nil {
+		return err
+	}
+	if res.UDP.XDP, err = xdpEnd(); err != nil {
+		return err
+	}
+	u := udpFigures(res.UDP)
+	if sink {
+		c.UDPSink = append(c.UDPSink, res.UDP)
+		r.logf("data path %s %s: UDP offered %.0f/s, forwarded by node1 into node2's sink %.0f/s (node1's interface counted %.0f/s)%s", c.Label, c.Size, u.Offered, u.Sink, u.Forwarded, res.UDP.XDP.describe())
+		return nil
+	}
+	// Nothing answers the datagrams but the pod's ICMP port
+	// unreachable (rate-limited): counted, not checked.
+	if res.UDP.DSR, err = dsrEnd(); err != nil {
+		return err
+	}
+	c.UDP = append(c.UDP, res.UDP)
+	r.logf("data path %s %s: UDP offered %.0f/s, at the endpoint %.0f/s, node1 dropped %.1f%%%s%s", c.Label, c.Size, u.Offered, u.Endpoint, 100*u.Node1Drop, res.UDP.XDP.describe(), res.UDP.DSR.describe())
+	return nil
+}
+
+// checkSink reports a run into node2's sink that did not measure what
+// node1 forwarded: the sink counted nothing (it was not there, or node1
+// forwarded nothing), or datagrams passed it to the endpoint.
+func (u *udpResult) checkSink() error {
+	switch {
+	case u.Sink == nil || *u.Sink == 0:
+		return fmt.Errorf("node2's sink counted nothing (%d sent, %d to the endpoint)", u.Sent, u.Counters["endpoint"].RxPackets)
+	case u.Counters["endpoint"].RxPackets > sinkLeak:
+		return fmt.Errorf("%d packets passed node2's sink to the endpoint (the sink counted %d)", u.Counters["endpoint"].RxPackets, *u.Sink)
+	}
+	return nil
 }
 
 // dpTeardown stops a path's children and removes its namespaces.
@@ -910,8 +987,8 @@ func (c *DPCase) summary() string {
 		return c.Status + ": " + c.Reason
 	}
 	f := dpCaseFigures(c)
-	return fmt.Sprintf("TCP_CRR %.0f/s (p50 %.0f µs, p99 %.0f µs), UDP %.0f/s at the endpoint, median of %d/%d runs",
-		f.TCP.PerSec, f.TCP.P50, f.TCP.P99, f.UDP.Endpoint, len(c.TCP), len(c.UDP))
+	return fmt.Sprintf("TCP_CRR %.0f/s (p50 %.0f µs, p99 %.0f µs), UDP %.0f/s at the endpoint, %.0f/s forwarded by node1 (node2 drops at XDP), median of %d/%d/%d runs",
+		f.TCP.PerSec, f.TCP.P50, f.TCP.P99, f.UDP.Endpoint, f.Sink.Forwarded, len(c.TCP), len(c.UDP), len(c.UDPSink))
 }
 
 // setGRO turns generic receive offload of a namespace's interface on or

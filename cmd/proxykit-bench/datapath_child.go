@@ -506,6 +506,9 @@ type udpSenderParams struct {
 	// Counters are the interfaces whose counters are read at the start
 	// and at the end of the window: namespace path and interface.
 	Counters []counterRef
+	// SinkMapID, when not zero, is the ID of the XDP sink's counter
+	// (datapath_wire.go), read with the interface counters.
+	SinkMapID uint32 `json:",omitempty"`
 }
 
 // counterRef names one interface of one namespace.
@@ -535,6 +538,10 @@ type udpResult struct {
 	// DSR are the packets from node2 over the whole run, on paths with
 	// direct server return.
 	DSR *dsrCounts `json:"dsr,omitempty"`
+	// Sink is, in a run with node2's XDP sink, the IPv4 packets from
+	// node1 that it counted and dropped in the window: what node1
+	// forwarded toward node2.
+	Sink *uint64 `json:"sink_packets,omitempty"`
 }
 
 // udpSenderChild sends pre-built UDP frames at full speed from an
@@ -593,7 +600,17 @@ func udpSenderChild(in *bufio.Reader) error {
 		return err
 	}
 	time.Sleep(time.Duration(p.WarmupMS) * time.Millisecond)
+	readSinkOf := func() (uint64, error) {
+		if p.SinkMapID == 0 {
+			return 0, nil
+		}
+		return readSink(p.SinkMapID)
+	}
 	c0, err := readCounters(p.Counters)
+	if err != nil {
+		return fail(err)
+	}
+	k0, err := readSinkOf()
 	if err != nil {
 		return fail(err)
 	}
@@ -601,6 +618,10 @@ func udpSenderChild(in *bufio.Reader) error {
 	time.Sleep(time.Duration(p.RunMS) * time.Millisecond)
 	s1, t1 := sent.Load(), time.Now()
 	c1, err := readCounters(p.Counters)
+	if err != nil {
+		return fail(err)
+	}
+	k1, err := readSinkOf()
 	if err != nil {
 		return fail(err)
 	}
@@ -615,6 +636,10 @@ func udpSenderChild(in *bufio.Reader) error {
 			RxPackets: a.RxPackets - b.RxPackets, RxDropped: a.RxDropped - b.RxDropped,
 			TxPackets: a.TxPackets - b.TxPackets, TxDropped: a.TxDropped - b.TxDropped,
 		}
+	}
+	if p.SinkMapID != 0 {
+		k := k1 - k0
+		res.Sink = &k
 	}
 	return json.NewEncoder(os.Stdout).Encode(childResult{UDP: &res})
 }

@@ -85,6 +85,10 @@ func TestDatapathSmoke(t *testing.T) {
 		if f.UDP.N != 1 || f.UDP.Endpoint <= 0 || f.UDP.Offered <= 0 {
 			t.Errorf("%s: UDP %+v", c.Label, f.UDP)
 		}
+		if f.Sink.N != 1 || f.Sink.Forwarded <= 0 {
+			t.Errorf("%s: UDP into node2's sink %+v", c.Label, f.Sink)
+		}
+		checkSinkRuns(t, c)
 	}
 	md, err := os.ReadFile(o.Out)
 	if err != nil {
@@ -102,9 +106,62 @@ func TestDatapathSmoke(t *testing.T) {
 	if i, j := strings.Index(s, "## Data-path"), strings.Index(s, handWritten); i < 0 || j < i || strings.Index(s, "scale figures") > i {
 		t.Errorf("sections out of order:\n%s", s)
 	}
-	for _, f := range []string{datapathJSON, plotDPTCP, plotDPUDP} {
+	for _, f := range []string{datapathJSON, plotDPTCP, plotDPUDP, plotDPUDPNode1} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// TestDatapathSink runs the direct path (no service, the cheapest to
+// set up) for one round and checks the run into node2's XDP sink: the
+// sink counted packets, no datagram reached the endpoint (which the run
+// to the endpoint just before shows it would have without the sink),
+// and the sink's count is what node1's interface toward node2 sent.
+// Without the sink (node2 passing the packets), the endpoint would see
+// them all; without its counter, the figure would be zero.
+func TestDatapathSink(t *testing.T) {
+	testnet.RequireRoot(t)
+	testnet.RequireCommand(t, "ip")
+	o := defaultOptions()
+	o.Datapath = true
+	datapathSmoke(&o)
+	o.Paths = []string{"direct"}
+	o.Out, o.PlotDir = "", ""
+	o.Log = logWriter{t}
+	rep, err := runDatapath(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rep.Cases[0]
+	if !c.ok() || len(c.Errors) > 0 {
+		t.Fatalf("%s: %s %v", c.Status, c.Reason, c.Errors)
+	}
+	if len(c.UDP) != 1 || c.UDP[0].Counters["endpoint"].RxPackets == 0 {
+		t.Errorf("the run to the endpoint saw nothing there: %+v", c.UDP)
+	}
+	if len(c.UDPSink) != 1 {
+		t.Fatalf("%d runs into the sink, want 1", len(c.UDPSink))
+	}
+	checkSinkRuns(t, c)
+}
+
+// checkSinkRuns checks a case's runs into node2's sink: the sink
+// counted packets, the endpoint (almost) none, and the sink's count is
+// within 5% of what node1's interface toward node2 sent in the window.
+func checkSinkRuns(t *testing.T, c *DPCase) {
+	t.Helper()
+	for _, r := range c.UDPSink {
+		ep, out := r.Counters["endpoint"].RxPackets, r.Counters["node1-out"].TxPackets
+		if r.Sink == nil || *r.Sink == 0 {
+			t.Errorf("%s: the sink counted nothing (node1 sent %d to node2, %d reached the endpoint)", c.Label, out, ep)
+			continue
+		}
+		if ep > sinkLeak {
+			t.Errorf("%s: %d packets passed the sink to the endpoint", c.Label, ep)
+		}
+		if d := float64(*r.Sink) - float64(out); d > 0.05*float64(out)+udpBatch || -d > 0.05*float64(out)+udpBatch {
+			t.Errorf("%s: the sink counted %d, node1's interface toward node2 sent %d", c.Label, *r.Sink, out)
 		}
 	}
 }
@@ -235,7 +292,8 @@ func TestDatapathPathOptions(t *testing.T) {
 }
 
 // TestDatapathRunChecks: a run fails when XDP did not do its path's
-// work, or a DSR path's TCP replies came back through node1.
+// work, a DSR path's TCP replies came back through node1, or node2's
+// sink counted nothing or let datagrams through.
 func TestDatapathRunChecks(t *testing.T) {
 	for _, c := range []struct {
 		x       xdpCounts
@@ -249,6 +307,20 @@ func TestDatapathRunChecks(t *testing.T) {
 	} {
 		if err := c.x.check(c.dsr); (err == nil) != c.ok {
 			t.Errorf("%+v, DSR %v: %v, want ok %v", c.x, c.dsr, err, c.ok)
+		}
+	}
+	n := func(v uint64) *uint64 { return &v }
+	for _, c := range []struct {
+		u  udpResult
+		ok bool
+	}{
+		{udpResult{Sink: n(5000), Counters: map[string]ifCounters{"endpoint": {RxPackets: 2}}}, true},
+		{udpResult{Sink: n(0)}, false},
+		{udpResult{}, false},
+		{udpResult{Sink: n(5000), Counters: map[string]ifCounters{"endpoint": {RxPackets: 4000}}}, false},
+	} {
+		if err := c.u.checkSink(); (err == nil) != c.ok {
+			t.Errorf("sink %+v: %v, want ok %v", c.u, err, c.ok)
 		}
 	}
 	for _, c := range []struct {
