@@ -15,10 +15,10 @@
 // Parsing YAML is slow (about 0.1 ms of CPU per object: seconds for tens
 // of thousands of Services and EndpointSlices). With a cache directory
 // ([Source.CacheDir], [LoadOptions.CacheDir]) a file that parsed
-// completely leaves its documents there converted to JSON, with the
-// SHA-256 of its bytes, and a later read of the same bytes, such as a
-// restarted process's, decodes that JSON instead: the same objects,
-// several times faster. A cache file that does not match (other bytes,
-// another format or converter version, damaged) is logged and the file
-// parsed.
+// completely leaves its objects there in the Kubernetes types' protobuf
+// encoding, with the SHA-256 of its bytes, and a later read of the same
+// bytes, such as a restarted process's, decodes them instead: the same
+// objects (as equality.Semantic compares them), tens of times faster. A
+// cache file that does not match (other bytes, another format, Go
+// release or codec version, damaged) is logged and the file parsed.
 package static

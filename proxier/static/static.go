@@ -100,7 +100,7 @@ func (tm *typeMeta) name() string {
 // same as one at a time: objects and errors in file order.
 func Parse(r io.Reader) (*Objects, error) {
 	docs, readErr := readDocuments(r)
-	parseAll(docs, (*document).parse)
+	parseAll(docs)
 	objs, err := collect(docs)
 	if readErr != nil {
 		return objs, readErr
@@ -160,40 +160,44 @@ func collect(docs []document) (*Objects, error) {
 type document struct {
 	index int
 	data  []byte
-	// json is data converted to JSON, once parsed; nil if it could not
-	// be, or when data already is the JSON (a cached document).
-	json []byte
-	// kind is the document's kind, once parsed; "" for an empty one.
-	kind string
-	objs *Objects
-	err  error
+	objs  *Objects
+	err   error
 }
 
-// parseChunk is how many documents a worker of parseAll takes at a time.
+// parseChunk is how many documents (or cached objects) a worker of
+// inParallel takes at a time.
 const parseChunk = 64
 
-// parseAll calls parse (a document's parse or decodeJSON) for each of
-// docs, on up to GOMAXPROCS goroutines.
-func parseAll(docs []document, parse func(*document)) {
-	workers := min(runtime.GOMAXPROCS(0), (len(docs)+parseChunk-1)/parseChunk)
+// parseAll parses each of docs, on up to GOMAXPROCS goroutines.
+func parseAll(docs []document) {
+	inParallel(len(docs), func(start, end int) {
+		for i := start; i < end; i++ {
+			docs[i].parse()
+		}
+	})
+}
+
+// inParallel calls work for chunks [start, end) of parseChunk items
+// that cover [0, n), on up to GOMAXPROCS goroutines, and returns when
+// every call has.
+func inParallel(n int, work func(start, end int)) {
+	workers := min(runtime.GOMAXPROCS(0), (n+parseChunk-1)/parseChunk)
 	var next atomic.Int64
-	work := func() {
+	worker := func() {
 		for {
 			end := int(next.Add(parseChunk))
 			start := end - parseChunk
-			if start >= len(docs) {
+			if start >= n {
 				return
 			}
-			for i := start; i < min(end, len(docs)); i++ {
-				parse(&docs[i])
-			}
+			work(start, min(end, n))
 		}
 	}
 	var wg sync.WaitGroup
 	for range workers - 1 {
-		wg.Go(work)
+		wg.Go(worker)
 	}
-	work()
+	worker()
 	wg.Wait()
 }
 
@@ -209,8 +213,7 @@ func (d *document) parse() {
 		j, err = yaml.YAMLToJSON(d.data)
 	}
 	if err == nil {
-		d.json = j
-		d.kind, err = d.objs.add(j)
+		_, err = d.objs.add(j)
 	}
 	if err != nil {
 		de := &DocumentError{Index: d.index, Err: err}
@@ -258,13 +261,13 @@ func (o *Objects) add(doc []byte) (string, error) {
 	if tm.Kind == "" {
 		return "", errors.New("no kind")
 	}
-	return tm.Kind, o.addKind(tm.Kind, tm.Items, doc, strictJSON)
+	return tm.Kind, o.addKind(tm.Kind, tm.Items, doc)
 }
 
 // addKind adds the objects of the JSON document doc of the kind given
-// (a List's with its items), decoding an object with decode (strictJSON,
-// or json.Unmarshal for JSON known to decode strictly).
-func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte, decode func([]byte, any) error) error {
+// (a List's with its items), decoding an object strictly.
+func (o *Objects) addKind(kind string, items []json.RawMessage, doc []byte) error {
+	decode := strictJSON
 	o.Documents++
 	switch kind {
 	case "List", "ServiceList", "EndpointSliceList", "NodeList", "ServiceCIDRList":
@@ -325,15 +328,18 @@ func Load(path string) (*Objects, error) {
 // LoadOptions are the options of [LoadWith].
 type LoadOptions struct {
 	// CacheDir, when set, is a directory (created if missing) that keeps
-	// the documents of the file, once it parsed completely, converted to
-	// JSON, with the SHA-256 of the file's bytes: a later load of the
-	// same bytes decodes that JSON instead of parsing the YAML again,
-	// several times faster (the YAML parser is what costs). The objects
-	// are the same as parsing's. A cache file of other bytes, of another
-	// version of this package's format or of the YAML converter, or that
-	// does not match its own checksum is not used (logged) and the file
-	// is parsed. One cache file per source path (named by a hash of its
-	// absolute path), replaced when the file's content changes.
+	// the objects of the file, once it parsed completely, in the
+	// Kubernetes types' protobuf encoding, with the SHA-256 of the
+	// file's bytes: a later load of the same bytes decodes them instead
+	// of parsing the YAML again, tens of times faster (the YAML parser is
+	// what costs). The objects are those of the parse, as
+	// equality.Semantic of k8s.io/apimachinery compares them (an empty
+	// list or map may come back nil). A cache file of other bytes, of
+	// another version of this package's format, of Go, of the object
+	// types or of the modules that encode them, or that does not match
+	// its own checksum or does not decode is not used (logged) and the
+	// file is parsed. One cache file per source path (named by a hash of
+	// its absolute path), replaced when the file's content changes.
 	CacheDir string
 	// Logger receives why a cache file was not used or not written; nil
 	// discards.
@@ -365,12 +371,12 @@ func LoadWith(path string, opts LoadOptions) (*Objects, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &cache{dir: opts.CacheDir, path: path, log: log}
-	objs, docs, sum, err := c.decode(data)
+	objs, parsed, sum, err := c.decode(data)
 	if err != nil {
 		return objs, fmt.Errorf("%s: %w", path, err)
 	}
-	if docs != nil && objs.Documents > 0 {
-		if err := c.store(sum, len(data), docs); err != nil {
+	if parsed && objs.Documents > 0 {
+		if err := c.store(sum, len(data), objs); err != nil {
 			log.Warn("static source: cannot write the cache file", "path", path, "cache", c.file(), "err", err)
 		}
 	}
@@ -398,7 +404,7 @@ type Source struct {
 	Watch time.Duration
 	// Logger receives parse errors; nil discards them.
 	Logger *slog.Logger
-	// CacheDir, when set, keeps the decoded documents of the file last
+	// CacheDir, when set, keeps the decoded objects of the file last
 	// delivered, so that a restarted process reading the same bytes
 	// decodes them instead of parsing the YAML again; see
 	// [LoadOptions.CacheDir]. The cache file is written after the
@@ -479,7 +485,7 @@ func (s *Source) Run(ctx context.Context, p proxier.Proxier) error {
 type cacheEntry struct {
 	sum  [sha256.Size]byte
 	n    int
-	docs []document
+	objs *Objects
 }
 
 // storeCache writes the content delivered last to the cache file, when
@@ -492,7 +498,7 @@ func (s *Source) storeCache(log *slog.Logger) {
 	s.toCache = nil
 	c := &cache{dir: s.CacheDir, path: s.Path, log: log}
 	start := time.Now()
-	if err := c.store(e.sum, e.n, e.docs); err != nil {
+	if err := c.store(e.sum, e.n, e.objs); err != nil {
 		log.Warn("static source: cannot write the cache file", "path", s.Path, "cache", c.file(), "err", err)
 		return
 	}
@@ -532,11 +538,11 @@ func (s *Source) reload(p proxier.Proxier, log *slog.Logger) error {
 	var entry *cacheEntry
 	if s.CacheDir != "" {
 		c := &cache{dir: s.CacheDir, path: s.Path, log: log}
-		var docs []document
+		var parsed bool
 		var sum [sha256.Size]byte
-		objs, docs, sum, err = c.decode(data)
-		if docs != nil {
-			entry = &cacheEntry{sum: sum, n: len(data), docs: docs}
+		objs, parsed, sum, err = c.decode(data)
+		if parsed {
+			entry = &cacheEntry{sum: sum, n: len(data), objs: objs}
 		}
 	} else {
 		objs, err = Parse(bytes.NewReader(data))
