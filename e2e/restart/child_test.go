@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"testing"
 	"time"
@@ -42,6 +43,9 @@ type childParams struct {
 	// Cgroup, PinPath and PodNetNS are the eBPF backend's.
 	Cgroup, PinPath string
 	PodNetNS        []string
+	// CPUProfile, when set, is a file the process writes a CPU profile
+	// of its start to (New, the source, the first sync) into.
+	CPUProfile string `json:",omitempty"`
 }
 
 // childReport is the line a proxier process writes once synced.
@@ -105,6 +109,16 @@ func childMain(params string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	out := json.NewEncoder(os.Stdout)
 
+	if p.CPUProfile != "" {
+		f, err := os.Create(p.CPUProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer stopProfile(f) // on an error; else once synced
+	}
 	start := time.Now()
 	pr, err := backends.New(p.Backend, p.config(log))
 	if errors.Is(err, proxier.ErrNotSupported) {
@@ -131,10 +145,20 @@ func childMain(params string) error {
 		return fmt.Errorf("first sync: %w", err)
 	}
 	rep.SyncMS = ms(time.Since(start))
+	if p.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	if err := out.Encode(rep); err != nil {
 		return err
 	}
 	return <-done
+}
+
+// stopProfile ends the CPU profile (if still running) and closes its
+// file.
+func stopProfile(f *os.File) {
+	pprof.StopCPUProfile()
+	f.Close()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

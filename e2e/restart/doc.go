@@ -8,7 +8,7 @@
 // backends.New, feeding it the Services and EndpointSlices of one YAML
 // file generated from internal/scale through proxier/static (with a cache
 // directory: the first process parses the YAML and leaves the decoded
-// documents there, the second reads them), and saying
+// objects there, the second reads them), and saying
 // on standard output when its first sync succeeded. They program node1 of
 // an internal/testnet topology; a pod of node1 keeps TCP connections open
 // through services and opens ~50 new ones per second while the old process
@@ -23,6 +23,10 @@
 // figures of BENCHMARKS.md:
 //
 //	sudo PROXYKIT_RESTART_SCALE=30000 go test ./e2e/restart/ -count=1 -v -timeout 30m
+//
+// PROXYKIT_RESTART_CPUPROFILE=DIR makes each new process write a CPU
+// profile of its start to DIR (restart-<backend>-<services>.cpu.pprof),
+// to read with `go tool pprof` and the test binary (go test -c).
 //
 // Without root it skips, unless CI=true or PROXYKIT_REQUIRE_PRIVILEGED=1.
 package restart

@@ -34,6 +34,12 @@ import (
 // default [defaultScale].
 const EnvScale = "PROXYKIT_RESTART_SCALE"
 
+// EnvCPUProfile, when set, is a directory where the new process of each
+// backend writes a CPU profile of its start, up to its first sync
+// (restart-<backend>-<services>.cpu.pprof, for go tool pprof with the
+// test binary).
+const EnvCPUProfile = "PROXYKIT_RESTART_CPUPROFILE"
+
 const (
 	defaultScale = 5000
 	endpoints    = 10
@@ -275,6 +281,10 @@ func (r *run) restart() {
 	pr.mark(killed)
 	first.kill()
 	broken := r.echo(conns, "old process killed")
+	if dir := os.Getenv(EnvCPUProfile); dir != "" {
+		r.params.CPUProfile = filepath.Join(dir, fmt.Sprintf("restart-%s-%d.cpu.pprof", r.params.Backend, len(r.w.svcs)))
+		t.Logf("the new process writes a CPU profile of its start to %s", r.params.CPUProfile)
+	}
 	second := r.start("second")
 	rep, took = second.waitSynced(r.syncLimit())
 	time.Sleep(settle)
