@@ -63,6 +63,16 @@ func benchAddr(first byte, i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{first, byte(i >> 16), byte(i >> 8), byte(i)})
 }
 
+// feedTracker feeds tr every Service and EndpointSlice as added.
+func feedTracker(tr *Tracker, svcs []*v1.Service, slices []*discoveryv1.EndpointSlice) {
+	for _, s := range svcs {
+		tr.OnService(nil, s)
+	}
+	for _, s := range slices {
+		tr.OnEndpointSlice(s, false)
+	}
+}
+
 // BenchmarkInitialLoad feeds all Services and EndpointSlices to a new
 // tracker and applies once.
 func BenchmarkInitialLoad(b *testing.B) {
@@ -72,12 +82,7 @@ func BenchmarkInitialLoad(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				tr := New(Config{Family: model.IPv4, NodeName: "node-0"})
-				for _, s := range svcs {
-					tr.OnService(nil, s)
-				}
-				for _, s := range slices {
-					tr.OnEndpointSlice(s, false)
-				}
+				feedTracker(tr, svcs, slices)
 				if res := tr.Apply(); len(res.Changed) != n {
 					b.Fatalf("changed %d, want %d", len(res.Changed), n)
 				}
@@ -113,12 +118,7 @@ func benchUpdate(b *testing.B, pick func(i, n int) int) {
 				alt[i] = benchSlice(s.Name, i, 1)
 			}
 			tr := New(Config{Family: model.IPv4, NodeName: "node-0"})
-			for _, s := range svcs {
-				tr.OnService(nil, s)
-			}
-			for _, s := range slices {
-				tr.OnEndpointSlice(s, false)
-			}
+			feedTracker(tr, svcs, slices)
 			tr.Apply()
 			toggled := make([]bool, n)
 			b.ReportAllocs()
@@ -134,6 +134,29 @@ func benchUpdate(b *testing.B, pick func(i, n int) int) {
 				tr.OnEndpointSlice(s, false)
 				if res := tr.Apply(); len(res.Changed) != 1 {
 					b.Fatalf("changed %d, want 1", len(res.Changed))
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFirstApply is the first Apply after the initial lists, alone:
+// every Service and EndpointSlice pending, fed with the timer stopped.
+// At 100,000 services it is the tracker's part of a proxier's first sync
+// (issue 22).
+func BenchmarkFirstApply(b *testing.B) {
+	for _, n := range []int{10000, 100000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := benchObjects(n)
+			b.ReportAllocs()
+			b.ResetTimer() // not the objects' making
+			for range b.N {
+				b.StopTimer()
+				tr := New(Config{Family: model.IPv4, NodeName: "node-0"})
+				feedTracker(tr, svcs, slices)
+				b.StartTimer()
+				if res := tr.Apply(); len(res.Changed) != n {
+					b.Fatalf("changed %d, want %d", len(res.Changed), n)
 				}
 			}
 		})

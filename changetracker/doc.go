@@ -30,8 +30,9 @@
 //
 // [Tracker.State] returns the tracker's own State. Its maps belong to the
 // tracker: the caller must not modify them, and Apply updates them in
-// place, so a caller that needs them after the next Apply (or concurrently
-// with it) must copy them. The values in those maps are different: a
+// place (an empty map may be replaced by a bigger one), so a caller that
+// needs them after the next Apply (or concurrently with it) must copy
+// them or hold the State instead. The values in those maps are different: a
 // published *[model.ServicePort] and a published []*[model.Endpoint]
 // (with every Endpoint and every slice reachable from them) are never
 // modified again. Apply replaces them when they change and keeps them when

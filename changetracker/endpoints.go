@@ -64,13 +64,21 @@ func (c *candidate) rank() int {
 // rank, then the slice with the smallest name, then the earliest entry. So
 // the result depends only on the slices, never on the order of events.
 func compareCandidates(c, d candidate) int {
-	return cmp.Or(
-		cmp.Compare(c.port, d.port),
-		c.addr.Compare(d.addr),
-		cmp.Compare(d.rank(), c.rank()),
-		cmp.Compare(c.slice, d.slice),
-		cmp.Compare(c.index, d.index),
-	)
+	// Field by field, stopping at the first that differs: cmp.Or would
+	// evaluate all five, and the addresses nearly always differ.
+	if c.port != d.port {
+		return cmp.Compare(c.port, d.port)
+	}
+	if r := c.addr.Compare(d.addr); r != 0 {
+		return r
+	}
+	if r := cmp.Compare(d.rank(), c.rank()); r != 0 {
+		return r
+	}
+	if r := cmp.Compare(c.slice, d.slice); r != 0 {
+		return r
+	}
+	return cmp.Compare(c.index, d.index)
 }
 
 // portIndex finds service port names in a short list, with a map once the

@@ -78,7 +78,7 @@ func (t *Tracker) applyService(name model.ServiceName, ports []*model.ServicePor
 	}
 	inNew, inOld := portLookup(ports), portLookup(old)
 	for _, op := range old {
-		if inNew(op.Name) != nil {
+		if inNew.find(op.Name) != nil {
 			continue
 		}
 		delete(t.state.Services, op.Name)
@@ -89,7 +89,7 @@ func (t *Tracker) applyService(name model.ServiceName, ports []*model.ServicePor
 		}
 	}
 	for i, np := range ports {
-		op := inOld(np.Name)
+		op := inOld.find(np.Name)
 		if op != nil && servicePortEqual(op, np) {
 			// Keep the published pointer of an unchanged port.
 			ports[i] = op
@@ -121,25 +121,36 @@ func (r *Result) setOld(p *model.ServicePort) {
 	r.OldServices[p.Name] = p
 }
 
-// portLookup returns a function that finds a port of ports by name, or
-// returns nil. It searches a few ports linearly and indexes many, so that
-// a Service with thousands of ports costs no quadratic time.
-func portLookup(ports []*model.ServicePort) func(model.ServicePortName) *model.ServicePort {
+// portSet finds the ports of a list by name. It searches a few ports
+// linearly and indexes many, so that a Service with thousands of ports
+// costs no quadratic time; a small set allocates nothing.
+type portSet struct {
+	ports []*model.ServicePort
+	index map[model.ServicePortName]*model.ServicePort
+}
+
+func portLookup(ports []*model.ServicePort) portSet {
 	if len(ports) <= 16 {
-		return func(n model.ServicePortName) *model.ServicePort {
-			for _, p := range ports {
-				if p.Name == n {
-					return p
-				}
-			}
-			return nil
-		}
+		return portSet{ports: ports}
 	}
 	m := make(map[model.ServicePortName]*model.ServicePort, len(ports))
 	for _, p := range ports {
 		m[p.Name] = p
 	}
-	return func(n model.ServicePortName) *model.ServicePort { return m[n] }
+	return portSet{index: m}
+}
+
+// find returns the port named n, or nil.
+func (s portSet) find(n model.ServicePortName) *model.ServicePort {
+	if s.index != nil {
+		return s.index[n]
+	}
+	for _, p := range s.ports {
+		if p.Name == n {
+			return p
+		}
+	}
+	return nil
 }
 
 // selected reports whether the tracker handles svc, according to its
@@ -430,7 +441,7 @@ func servicePortsEqual(a, b []*model.ServicePort) bool {
 	}
 	inB := portLookup(b)
 	for _, p := range a {
-		q := inB(p.Name)
+		q := inB.find(p.Name)
 		if q == nil || !servicePortEqual(p, q) {
 			return false
 		}

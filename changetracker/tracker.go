@@ -131,8 +131,9 @@ func New(cfg Config) *Tracker {
 }
 
 // State returns the tracker's current state, as of the last Apply. The
-// caller must not modify its maps, which the next Apply updates in place;
-// the values in them are immutable (see the package documentation).
+// caller must not modify its maps, which the next Apply updates in place
+// (or, when they are empty, may replace); the values in them are
+// immutable (see the package documentation).
 func (t *Tracker) State() *model.State { return &t.state }
 
 // Pending reports whether there are changes that Apply has not folded into
@@ -201,7 +202,10 @@ func (r Result) String() string {
 // Apply folds the pending changes into the state and reports what changed.
 // Its cost is proportional to the pending changes.
 func (t *Tracker) Apply() Result {
-	res := Result{Changed: make(map[model.ServicePortName]struct{})}
+	// Most pending Services and slices change one service port each.
+	hint := max(len(t.svcPending), len(t.slicePending))
+	res := Result{Changed: make(map[model.ServicePortName]struct{}, hint)}
+	t.presize()
 	for name, ports := range t.svcPending {
 		t.applyService(name, ports, &res)
 	}
@@ -222,7 +226,10 @@ func (t *Tracker) Apply() Result {
 	}
 	t.slicePeak = 0
 	slices.SortFunc(t.affected, func(a, b model.ServiceName) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
 	})
 	t.affected = slices.Compact(t.affected)
 	for _, svc := range t.affected {
@@ -240,13 +247,27 @@ func (t *Tracker) Apply() Result {
 	return res
 }
 
+// presize makes the maps Apply fills big enough for the pending changes
+// when they are empty and many changes are pending: the first Apply after
+// the initial lists. Growing a map to 100,000 entries moves every entry
+// on the way (about a fifth of that Apply). An empty map is replaced,
+// which the package documentation allows.
+func (t *Tracker) presize() {
+	nsvc, nslice := len(t.svcPending), len(t.slicePending)
+	if nsvc > smallPending && len(t.state.Services) == 0 {
+		t.state.Services = make(map[model.ServicePortName]*model.ServicePort, nsvc)
+	}
+	if nslice > smallPending && len(t.state.Endpoints) == 0 {
+		t.state.Endpoints = make(map[model.ServicePortName][]*model.Endpoint, nslice)
+	}
+	if n := max(nsvc, nslice); n > smallPending && len(t.svcs) == 0 {
+		t.svcs = make(map[model.ServiceName]*svcEntry, n)
+	}
+	if nslice > smallPending && len(t.slices) == 0 {
+		t.slices = make(map[sliceID]*sliceInfo, nslice)
+	}
+}
+
 // comparePortName orders service port names by namespace, name, port name
 // and protocol.
-func comparePortName(a, b model.ServicePortName) int {
-	return cmp.Or(
-		strings.Compare(a.Namespace, b.Namespace),
-		strings.Compare(a.Name, b.Name),
-		strings.Compare(a.Port, b.Port),
-		strings.Compare(string(a.Protocol), string(b.Protocol)),
-	)
-}
+func comparePortName(a, b model.ServicePortName) int { return a.Compare(b) }
