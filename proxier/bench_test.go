@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
+	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/proxykit/proxykit/internal/scale"
@@ -20,6 +22,19 @@ func (b nopBackend) Family() model.IPFamily                   { return b.family 
 func (b nopBackend) Sync(context.Context, *SyncRequest) error { return nil }
 func (b nopBackend) Cleanup(context.Context) error            { return nil }
 func (b nopBackend) Close() error                             { return nil }
+
+// feedEngine hands e every Service and EndpointSlice as added, and says
+// that the initial lists are complete.
+func feedEngine(e *Engine, objs []*v1.Service, slices []*discoveryv1.EndpointSlice) {
+	for _, o := range objs {
+		e.OnServiceAdd(o)
+	}
+	for _, s := range slices {
+		e.OnEndpointSliceAdd(s)
+	}
+	e.OnServiceSynced()
+	e.OnEndpointSlicesSynced()
+}
 
 // BenchmarkOneEndpointChange measures the engine's own work for one
 // endpoint change (tracker apply, target selection, metrics and the
@@ -85,14 +100,7 @@ func BenchmarkOneEndpointChangeBigService(b *testing.B) {
 			defer e.Close()
 			svcs := scale.Services(10, eps)
 			objs, slices := scale.Objects(svcs)
-			for _, o := range objs {
-				e.OnServiceAdd(o)
-			}
-			for _, s := range slices {
-				e.OnEndpointSliceAdd(s)
-			}
-			e.OnServiceSynced()
-			e.OnEndpointSlicesSynced()
+			feedEngine(e, objs, slices)
 			ctx := context.Background()
 			if ok, _ := e.syncOnce(ctx, false); !ok {
 				b.Fatal("first sync failed")
@@ -111,6 +119,47 @@ func BenchmarkOneEndpointChangeBigService(b *testing.B) {
 					b.Fatal("sync failed")
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkFirstSync is the engine's part of a proxier's first sync of
+// n services of 10 endpoints (internal/scale's, as cmd/proxykit-bench
+// feeds them): the tracker's first Apply, prepare (owners, targets,
+// health check counts), the bookkeeping after the backend's sync and the
+// conntrack hook's choice of what to clean (not the cleaning, which
+// needs a network namespace), with a backend that does nothing. Each
+// iteration feeds a new engine with the timer stopped (issue 22).
+func BenchmarkFirstSync(b *testing.B) {
+	for _, n := range []int{10000, 100000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			objs, slices := scale.Objects(scale.Services(n, 10))
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()        // not the objects' making
+			var cpu time.Duration // of the syncs, the garbage collector's included
+			for range b.N {
+				b.StopTimer()
+				e, err := New(Config{NoConntrackCleanup: true, NoServiceHealthChecks: true}, nopBackend{model.IPv4})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ct := &conntrackHook{last: map[model.IPFamily]map[model.ServicePortName]*model.ServicePort{}}
+				e.hooks = append(e.hooks, func(_ context.Context, be Backend, req *SyncRequest) {
+					ct.valid(be.Family(), req)
+				})
+				feedEngine(e, objs, slices)
+				b.StartTimer()
+				start := processCPU()
+				if ok, _ := e.syncOnce(ctx, false); !ok {
+					b.Fatal("first sync failed")
+				}
+				cpu += processCPU() - start
+				b.StopTimer()
+				e.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
 }

@@ -25,25 +25,33 @@ func (k claimKey) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.addr, k.port), k.proto)
 }
 
-// claimsOf lists the keys sp takes.
-func claimsOf(sp *model.ServicePort) []claimKey {
-	var keys []claimKey
-	add := func(a netip.Addr) {
+// claimsOf appends the keys sp takes to dst. A caller passes a small
+// array of its own, so that settling 100,000 service ports allocates
+// nothing per port.
+func claimsOf(dst []claimKey, sp *model.ServicePort) []claimKey {
+	if sp.ClusterIP.IsValid() {
+		dst = append(dst, claimKey{sp.ClusterIP, sp.Protocol, sp.Port})
+	}
+	for _, a := range sp.ExternalIPs {
 		if a.IsValid() {
-			keys = append(keys, claimKey{a, sp.Protocol, sp.Port})
+			dst = append(dst, claimKey{a, sp.Protocol, sp.Port})
 		}
 	}
-	add(sp.ClusterIP)
-	for _, a := range sp.ExternalIPs {
-		add(a)
-	}
 	for _, a := range sp.LoadBalancerIPs {
-		add(a)
+		if a.IsValid() {
+			dst = append(dst, claimKey{a, sp.Protocol, sp.Port})
+		}
 	}
 	if sp.NodePort != 0 {
-		keys = append(keys, claimKey{proto: sp.Protocol, port: sp.NodePort})
+		dst = append(dst, claimKey{proto: sp.Protocol, port: sp.NodePort})
 	}
-	return keys
+	return dst
+}
+
+// claimant is a service port to settle and what it is now (nil: gone).
+type claimant struct {
+	name model.ServicePortName
+	sp   *model.ServicePort
 }
 
 // owners settles which service port owns each address, protocol and
@@ -73,15 +81,47 @@ func newOwners() *owners {
 // A service port that changes keeps the keys it owned; service ports
 // that owned keys before are settled before newcomers.
 func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, names []model.ServicePortName) (flipped []model.ServicePortName, rejectedNow map[model.ServicePortName]error) {
-	// Only the service ports that changed are settled, in name order;
-	// a full sync hands in every name, most of them unchanged.
-	changed := names[:0:0]
+	var changed []claimant
 	for _, n := range names {
-		if old, had := o.seen[n]; !had || old != services[n] {
-			changed = append(changed, n)
+		sp := services[n]
+		if old, had := o.seen[n]; !had || old != sp {
+			changed = append(changed, claimant{n, sp})
 		}
 	}
-	slices.SortFunc(changed, model.ServicePortName.Compare)
+	return o.settle(changed)
+}
+
+// updateAll is [owners.update] of every service port of services and
+// every one evaluated before: what a full sync settles. It walks the maps
+// rather than a list of names, which at 100,000 service ports saves a
+// lookup of each.
+func (o *owners) updateAll(services map[model.ServicePortName]*model.ServicePort) (flipped []model.ServicePortName, rejectedNow map[model.ServicePortName]error) {
+	var changed []claimant
+	if n := len(services); n > bigMap && len(o.seen) == 0 && len(o.owner) == 0 {
+		// The first sync: every port is new, and no map grows entry
+		// by entry.
+		o.seen = make(map[model.ServicePortName]*model.ServicePort, n)
+		o.owner = make(map[claimKey]model.ServicePortName, n)
+		changed = make([]claimant, 0, n)
+	}
+	for n, sp := range services {
+		if old, had := o.seen[n]; !had || old != sp {
+			changed = append(changed, claimant{n, sp})
+		}
+	}
+	for n := range o.seen {
+		if _, ok := services[n]; !ok {
+			changed = append(changed, claimant{n, nil})
+		}
+	}
+	return o.settle(changed)
+}
+
+// settle evaluates the changed service ports for update and updateAll.
+func (o *owners) settle(changed []claimant) (flipped []model.ServicePortName, rejectedNow map[model.ServicePortName]error) {
+	// Only the service ports that changed are settled, in name order;
+	// a full sync hands in every name, most of them unchanged.
+	slices.SortFunc(changed, func(a, b claimant) int { return a.name.Compare(b.name) })
 	released := false
 	reject := func(n model.ServicePortName, err error) {
 		o.rejected[n] = err
@@ -91,9 +131,9 @@ func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, n
 		rejectedNow[n] = err
 		flipped = append(flipped, n)
 	}
-	var newcomers []model.ServicePortName
-	for _, n := range changed {
-		sp := services[n]
+	var newcomers []claimant
+	for _, c := range changed {
+		n, sp := c.name, c.sp
 		old, had := o.seen[n]
 		_, wasRejected := o.rejected[n]
 		if sp == nil {
@@ -106,7 +146,7 @@ func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, n
 		}
 		o.seen[n] = sp
 		if !had || wasRejected {
-			newcomers = append(newcomers, n)
+			newcomers = append(newcomers, c)
 			continue
 		}
 		// An owner that changed keeps what it owned.
@@ -122,17 +162,18 @@ func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, n
 		}
 		o.take(n, sp)
 	}
-	for _, n := range newcomers {
+	for _, c := range newcomers {
+		n := c.name
 		_, wasRejected := o.rejected[n]
 		delete(o.rejected, n)
-		if err := o.conflict(n, o.seen[n]); err != nil {
+		if err := o.conflict(n, c.sp); err != nil {
 			o.rejected[n] = err
 			if !wasRejected {
 				reject(n, err)
 			}
 			continue
 		}
-		o.take(n, o.seen[n])
+		o.take(n, c.sp)
 		if wasRejected {
 			flipped = append(flipped, n)
 		}
@@ -155,7 +196,8 @@ func (o *owners) update(services map[model.ServicePortName]*model.ServicePort, n
 // conflict returns why n cannot have every key of sp: one is owned by
 // another service port.
 func (o *owners) conflict(n model.ServicePortName, sp *model.ServicePort) error {
-	for _, k := range claimsOf(sp) {
+	var buf [4]claimKey
+	for _, k := range claimsOf(buf[:0], sp) {
 		if other, ok := o.owner[k]; ok && other != n {
 			return fmt.Errorf("%s is already served by %s", k, other)
 		}
@@ -165,7 +207,8 @@ func (o *owners) conflict(n model.ServicePortName, sp *model.ServicePort) error 
 
 // take makes n the owner of every key of sp.
 func (o *owners) take(n model.ServicePortName, sp *model.ServicePort) {
-	for _, k := range claimsOf(sp) {
+	var buf [4]claimKey
+	for _, k := range claimsOf(buf[:0], sp) {
 		o.owner[k] = n
 	}
 }
@@ -173,12 +216,13 @@ func (o *owners) take(n model.ServicePortName, sp *model.ServicePort) {
 // release lets go of the keys n owns for old, except those keep (nil:
 // none) also has, and reports whether any was let go.
 func (o *owners) release(n model.ServicePortName, old, keep *model.ServicePort) bool {
+	var keptBuf, oldBuf [4]claimKey
 	var kept []claimKey
 	if keep != nil {
-		kept = claimsOf(keep)
+		kept = claimsOf(keptBuf[:0], keep)
 	}
 	any := false
-	for _, k := range claimsOf(old) {
+	for _, k := range claimsOf(oldBuf[:0], old) {
 		if o.owner[k] == n && !slices.Contains(kept, k) {
 			delete(o.owner, k)
 			any = true

@@ -43,55 +43,7 @@ func newConntrackHook(node *Node, log *slog.Logger, deleted *prometheus.CounterV
 
 func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncRequest) {
 	fam := b.Family()
-	last := c.last[fam]
-	if last == nil {
-		last = map[model.ServicePortName]*model.ServicePort{}
-		c.last[fam] = last
-	}
-	valid := conntrack.Valid{}
-	consider := func(name model.ServicePortName) {
-		sp := req.State.Services[name]
-		if sp == nil {
-			if old := last[name]; old != nil {
-				if old.Protocol.Connectionless() {
-					addFrontends(valid, old, nil, nil) // deleted: nothing is valid
-				}
-				delete(last, name)
-			}
-			return
-		}
-		if !sp.Protocol.Connectionless() {
-			if old := last[name]; old != sp {
-				addMissing(valid, sp, old, false)
-			}
-			last[name] = sp
-			return
-		}
-		var internal, external []*model.Endpoint
-		if t := req.Targets[name]; t != nil {
-			internal, external = t.Internal, externalReplies(sp, t)
-		}
-		addFrontends(valid, sp, internal, external)
-		if old := last[name]; old != nil && old != sp {
-			// Addresses the port no longer has are dead too.
-			addMissing(valid, old, sp, true)
-		}
-		last[name] = sp
-	}
-	if req.Full {
-		for name := range req.State.Services {
-			consider(name)
-		}
-		for name := range last {
-			if _, ok := req.State.Services[name]; !ok {
-				consider(name)
-			}
-		}
-	} else {
-		for name := range req.Changed {
-			consider(name)
-		}
-	}
+	valid := c.valid(fam, req)
 	if len(valid) == 0 {
 		return
 	}
@@ -107,6 +59,68 @@ func (c *conntrackHook) afterSync(ctx context.Context, b Backend, req *SyncReque
 	}
 }
 
+// valid returns what the cleanup after a sync of family fam with req
+// must look at, and remembers the service ports req programmed.
+func (c *conntrackHook) valid(fam model.IPFamily, req *SyncRequest) conntrack.Valid {
+	services := req.State.Services
+	last := c.last[fam]
+	valid := conntrack.Valid{}
+	if last == nil {
+		// The first sync: every TCP address is new and goes into
+		// valid; neither map grows entry by entry.
+		last = make(map[model.ServicePortName]*model.ServicePort, len(services))
+		c.last[fam] = last
+		valid = make(conntrack.Valid, len(services))
+	}
+	consider := func(name model.ServicePortName, sp *model.ServicePort) {
+		old := last[name]
+		if sp == nil {
+			if old != nil {
+				if old.Protocol.Connectionless() {
+					addFrontends(valid, old, nil, nil) // deleted: nothing is valid
+				}
+				delete(last, name)
+			}
+			return
+		}
+		if old != sp {
+			last[name] = sp
+		}
+		if !sp.Protocol.Connectionless() {
+			if old != sp {
+				addMissing(valid, sp, old, false)
+			}
+			return
+		}
+		var internal, external []*model.Endpoint
+		if t := req.Targets[name]; t != nil {
+			internal, external = t.Internal, externalReplies(sp, t)
+		}
+		addFrontends(valid, sp, internal, external)
+		if old != nil && old != sp {
+			// Addresses the port no longer has are dead too.
+			addMissing(valid, old, sp, true)
+		}
+	}
+	if req.Full {
+		// The ports that went first, while last holds only what was
+		// programmed before: a first sync walks nothing here.
+		for name := range last {
+			if _, ok := services[name]; !ok {
+				consider(name, nil)
+			}
+		}
+		for name, sp := range services {
+			consider(name, sp)
+		}
+	} else {
+		for name := range req.Changed {
+			consider(name, services[name])
+		}
+	}
+	return valid
+}
+
 // externalReplies returns the endpoints that may answer flows to the
 // external addresses of sp: its external targets and, for policy Local,
 // the short-circuit ones that pods and the node reach there.
@@ -117,28 +131,58 @@ func externalReplies(sp *model.ServicePort, t *Targets) []*model.Endpoint {
 	return t.External
 }
 
+// addFrontends records the frontends of sp in valid: the cluster IP's
+// with the internal endpoints, the others with the external ones.
 func addFrontends(valid conntrack.Valid, sp *model.ServicePort, internal, external []*model.Endpoint) {
-	fe := func(a netip.Addr, port uint16) conntrack.Frontend {
-		return conntrack.Frontend{Addr: netip.AddrPortFrom(a, port), Protocol: sp.Protocol}
-	}
-	add := func(f conntrack.Frontend, eps []*model.Endpoint) {
-		valid.Add(f, netip.AddrPort{})
+	add := func(a netip.Addr, port uint16, eps []*model.Endpoint) {
+		f := conntrack.Frontend{Addr: netip.AddrPortFrom(a, port), Protocol: sp.Protocol}
+		mark(valid, f)
 		for _, ep := range eps {
 			valid.Add(f, ep.Addr)
 		}
 	}
 	if sp.ClusterIP.IsValid() {
-		add(fe(sp.ClusterIP, sp.Port), internal)
+		add(sp.ClusterIP, sp.Port, internal)
 	}
 	for _, ip := range sp.ExternalIPs {
-		add(fe(ip, sp.Port), external)
+		add(ip, sp.Port, external)
 	}
 	for _, ip := range sp.LoadBalancerIPs {
-		add(fe(ip, sp.Port), external)
+		add(ip, sp.Port, external)
 	}
 	if sp.NodePort != 0 {
-		add(fe(netip.Addr{}, sp.NodePort), external)
+		add(netip.Addr{}, sp.NodePort, external)
 	}
+}
+
+// mark records fe in valid, with no endpoint unless it has some already.
+// Unlike [conntrack.Valid.Add] it allocates no endpoint set (a nil set is
+// an empty one to the cleaner): a first sync marks every TCP address.
+func mark(valid conntrack.Valid, fe conntrack.Frontend) {
+	if _, ok := valid[fe]; !ok {
+		valid[fe] = nil
+	}
+}
+
+// frontends appends the frontends of sp to dst, as addFrontends records
+// them.
+func frontends(dst []conntrack.Frontend, sp *model.ServicePort) []conntrack.Frontend {
+	fe := func(a netip.Addr, port uint16) conntrack.Frontend {
+		return conntrack.Frontend{Addr: netip.AddrPortFrom(a, port), Protocol: sp.Protocol}
+	}
+	if sp.ClusterIP.IsValid() {
+		dst = append(dst, fe(sp.ClusterIP, sp.Port))
+	}
+	for _, ip := range sp.ExternalIPs {
+		dst = append(dst, fe(ip, sp.Port))
+	}
+	for _, ip := range sp.LoadBalancerIPs {
+		dst = append(dst, fe(ip, sp.Port))
+	}
+	if sp.NodePort != 0 {
+		dst = append(dst, fe(netip.Addr{}, sp.NodePort))
+	}
+	return dst
 }
 
 // addMissing marks the frontends that sp has and other, which may be nil,
@@ -147,15 +191,15 @@ func addFrontends(valid conntrack.Valid, sp *model.ServicePort, internal, extern
 // the addresses it no longer has; for a TCP port, with sp the new one, the
 // addresses just programmed, whose untranslated SYNs are to be deleted.
 func addMissing(valid conntrack.Valid, sp, other *model.ServicePort, withNodePorts bool) {
-	have := conntrack.Valid{}
-	addFrontends(have, sp, nil, nil)
-	had := conntrack.Valid{}
+	var haveBuf, hadBuf [4]conntrack.Frontend
+	have := frontends(haveBuf[:0], sp)
+	var had []conntrack.Frontend
 	if other != nil {
-		addFrontends(had, other, nil, nil)
+		had = frontends(hadBuf[:0], other)
 	}
-	for f := range have {
-		if _, ok := had[f]; !ok && (withNodePorts || f.Addr.Addr().IsValid()) {
-			valid.Add(f, netip.AddrPort{})
+	for _, f := range have {
+		if !slices.Contains(had, f) && (withNodePorts || f.Addr.Addr().IsValid()) {
+			mark(valid, f)
 		}
 	}
 }

@@ -105,6 +105,10 @@ type family struct {
 	nOverCapacity int
 }
 
+// bigMap is the number of entries above which a scratch map is
+// replaced rather than cleared.
+const bigMap = 64
+
 const (
 	noLocalInternal uint8 = 1 << iota
 	noLocalExternal
@@ -466,8 +470,14 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	e.syncing, e.pendingAfter = true, time.Time{}
 	triggers := e.triggerTimes
 	e.triggerTimes = map[model.IPFamily][]time.Time{}
-	maps.Copy(e.svcTaken, e.svcPending)
-	clear(e.svcPending)
+	if len(e.svcTaken) == 0 {
+		// Nothing taken waits for a retry: take the pending set whole
+		// (the initial list's 100,000 names need no copy).
+		e.svcTaken, e.svcPending = e.svcPending, e.svcTaken
+	} else {
+		maps.Copy(e.svcTaken, e.svcPending)
+		clear(e.svcPending)
+	}
 	e.svcPendingOnly = 0
 	e.epTaken += e.epPending
 	e.epPending = 0
@@ -483,8 +493,12 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 	e.mu.Unlock()
 
 	for i, f := range e.families {
-		for name := range results[i].Changed {
-			f.changed[name] = struct{}{}
+		if len(f.changed) == 0 {
+			// The usual case, and the first sync's 100,000 names:
+			// the result is ours to keep.
+			f.changed = results[i].Changed
+		} else {
+			maps.Copy(f.changed, results[i].Changed)
 		}
 		if topoChanged {
 			f.needFull = true
@@ -518,7 +532,13 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 		}
 		e.health.LastSync = time.Now()
 		e.health.OldestPending = e.pendingAfter
-		clear(e.svcTaken)
+		if len(e.svcTaken) > bigMap {
+			// A map never shrinks, and clearing or copying one costs
+			// its size: let the initial list's go.
+			e.svcTaken = map[model.ServiceName]struct{}{}
+		} else {
+			clear(e.svcTaken)
+		}
 		e.svcPendingOnly = len(e.svcPending)
 		e.epTaken = 0
 		e.setPending()
@@ -551,24 +571,13 @@ func (e *Engine) syncOnce(ctx context.Context, periodic bool) (ok, ready bool) {
 func (f *family) prepare(periodic bool, topo Topology) {
 	state := f.tracker.State()
 	f.full = f.needFull || periodic
-	var names []model.ServicePortName
+	var flipped []model.ServicePortName
+	var rejected map[model.ServicePortName]error
 	if f.full {
-		names = make([]model.ServicePortName, 0, len(state.Services))
-		for name := range state.Services {
-			names = append(names, name)
-		}
-		for name := range f.owners.seen {
-			if _, ok := state.Services[name]; !ok {
-				names = append(names, name)
-			}
-		}
+		flipped, rejected = f.owners.updateAll(state.Services)
 	} else {
-		names = make([]model.ServicePortName, 0, len(f.changed))
-		for name := range f.changed {
-			names = append(names, name)
-		}
+		flipped, rejected = f.owners.update(state.Services, slices.Collect(maps.Keys(f.changed)))
 	}
-	flipped, rejected := f.owners.update(state.Services, names)
 	for _, name := range flipped {
 		f.changed[name] = struct{}{}
 	}
@@ -581,17 +590,22 @@ func (f *family) prepare(periodic bool, topo Topology) {
 	}
 	if f.full {
 		// Recompute every target: topology or policies may have moved.
+		// One walk over the state, looking up each name as little as
+		// possible: at 100,000 service ports every lookup is a cache
+		// miss.
 		next := make(map[model.ServicePortName]*Targets, len(state.Services))
-		for name := range state.Services {
-			sp := service(name)
-			if sp == nil {
+		clear(f.health)
+		for name, sp := range state.Services {
+			if !f.owners.accepted(name) {
 				continue
 			}
-			t := SelectTargets(sp, state.Endpoints[name], topo)
+			eps := state.Endpoints[name]
+			t := SelectTargets(sp, eps, topo)
 			if !t.Equal(f.targets[name]) {
 				f.changed[name] = struct{}{}
 			}
 			next[name] = t
+			f.updateHealth(name, sp, eps)
 		}
 		for name := range f.targets {
 			if _, ok := next[name]; !ok {
@@ -599,10 +613,6 @@ func (f *family) prepare(periodic bool, topo Topology) {
 			}
 		}
 		f.targets = next
-		clear(f.health)
-		for name := range state.Services {
-			f.updateHealth(name, service(name), state.Endpoints[name])
-		}
 		return
 	}
 	for name := range f.changed {
