@@ -10,7 +10,7 @@
 //
 // The table holds a bounded number of sets, maps and shared chains
 // whatever the number of services: eleven fixed sets, and per shard (at
-// most 256) an endpoint map (split into up to 16 parts past 256 service
+// most 256) an endpoint map (split into up to 4 parts past 10,240 service
 // ports), an affinity set and three shared chains,
 // created when a service port first uses them and deleted when the last
 // one stops, so that a node with a few services lists a few hundred lines.

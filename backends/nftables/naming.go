@@ -95,19 +95,24 @@ const (
 // numParts is the number of endpoint maps a shard may split into. The
 // kernel rebuilds an interval map's lookup array from the whole map at
 // every commit that changes it (nft_rbtree_commit, 6.18): one map per
-// shard held about 7,800 elements at 100,000 service ports, and an
-// endpoint change spent most of its kernel time there. The service ports
-// of a shard spread over its parts by id (see partOf), and its shared
-// chains read every part in use, one balancing rule each (a lookup that
-// finds nothing ends its rule, and the packet goes on to the next), so a
-// change rebuilds one small map, without adding chains, which every
-// commit walks. Below numShards service ports, only part 0 is in use.
-const numParts = 16
+// shard held about 8,500 elements at 100,000 service ports, and an
+// endpoint change spent most of its kernel time there. But the kernel
+// also finds a set by name by walking the table's list of sets, once per
+// message (and 16 parts at 10,000 service ports made a change slower
+// than one): the parts come into use only past defaultPartSpan service
+// ports, and are few. The shard's shared chains read every part in use,
+// one balancing rule each (a lookup that finds nothing ends its rule,
+// and the packet goes on to the next), without adding chains, which
+// every commit walks.
+const numParts = 4
 
-// partOf returns the part of its shard's endpoint maps that holds the
-// range sets of the service port with id id: consecutive ids fill the
-// shards, then the next part.
-func partOf(id uint32) uint32 { return id / numShards % numParts }
+// defaultPartSpan is the number of consecutive service port ids whose
+// range sets share a part of their shard's endpoint maps: up to 10,240
+// service ports the table has one endpoint map per shard (~40 service
+// ports each), as many as a change at 10,000 x 10 takes in about the
+// time the kernel needs to find a set among 256; the next 10,240 go to
+// part 1, and so on around the parts (see renderer.partOf).
+const defaultPartSpan = 40 * numShards
 
 // groupOf returns the shard of the service port with id id and the local
 // number of its internal (ext 0) or external (ext 1) endpoint group, which

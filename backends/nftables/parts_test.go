@@ -12,8 +12,8 @@ import (
 	"github.com/proxykit/proxykit/model"
 )
 
-// Past numShards service ports, a shard's endpoint maps split into parts
-// (see numParts): these tests check that an endpoint change in a big
+// Past defaultPartSpan service ports, a shard's endpoint maps split into
+// parts (see numParts; the tests make the span numShards): they check that an endpoint change in a big
 // shard writes one small map, that the shared chains read every part in
 // use and follow the parts as they come and go, and, on a real kernel,
 // that traffic reaches the service ports of every part.
@@ -60,6 +60,11 @@ func balancedMaps(c *chainObj) []string {
 
 func TestShardPartsSplitBigShards(t *testing.T) {
 	b := offlineBackend(t)
+	if r := b.r; r.partOf(defaultPartSpan-1) != 0 || r.partOf(defaultPartSpan) != 1 || r.partOf(numParts*defaultPartSpan) != 0 {
+		t.Fatalf("default span: ids %d, %d, %d in parts %d, %d, %d; want 0, 1, 0", defaultPartSpan-1, defaultPartSpan, numParts*defaultPartSpan,
+			r.partOf(defaultPartSpan-1), r.partOf(defaultPartSpan), r.partOf(numParts*defaultPartSpan))
+	}
+	b.r.partSpan = numShards
 	svcs := partsTestServices()
 	st, errs := b.buildFull(request(model.IPv4, svcs, nil), true, nil)
 	if len(errs) > 0 {
@@ -72,7 +77,7 @@ func TestShardPartsSplitBigShards(t *testing.T) {
 	for n, s := range st.services {
 		shard, _ := groupOf(s.id, 0)
 		for _, r := range s.objs.ranges {
-			if want := endpointsMap(shard, partOf(s.id)); r.set != want {
+			if want := endpointsMap(shard, b.r.partOf(s.id)); r.set != want {
 				t.Fatalf("%s (id %d): ranges in %s, want %s", n, s.id, r.set, want)
 			}
 		}
@@ -193,6 +198,7 @@ func TestKernelShardParts(t *testing.T) {
 	requireRoot(t)
 	topo := newTopology(t)
 	b := newTestBackend(t, topo.node, model.IPv4, Config{})
+	b.r.partSpan = numShards
 	// Endpoints on the test pods, every service port on both.
 	svcs := partsTestServices()
 	for i, s := range svcs {
@@ -233,7 +239,7 @@ func TestKernelShardParts(t *testing.T) {
 	// A node port in part 1 (every tenth service port has one).
 	np := -1
 	for i, s := range svcs {
-		if id := b.st.services[s.Port.Name].id; s.Port.NodePort != 0 && partOf(id) == 1 {
+		if id := b.st.services[s.Port.Name].id; s.Port.NodePort != 0 && b.r.partOf(id) == 1 {
 			np = i
 			break
 		}

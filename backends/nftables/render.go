@@ -158,6 +158,10 @@ type renderer struct {
 
 	// affinitySize is the size of the affinity sets.
 	affinitySize uint32
+	// partSpan is the number of consecutive service port ids that share
+	// a part of their shard's endpoint maps (defaultPartSpan; tests make
+	// it smaller).
+	partSpan uint32
 
 	// Encoded constant rules.
 	jumpMasq, mark []byte
@@ -167,7 +171,7 @@ type renderer struct {
 
 func newRenderer(fi familyInfo, bit, affinitySize uint32, masqAll, clusterCIDRs bool, nodeIP netip.Addr) (*renderer, error) {
 	r := &renderer{fi: fi, bit: bit, masqCluster: masqAll || clusterCIDRs, clusterCIDRs: clusterCIDRs, masqAll: masqAll,
-		nodeIP: nodeIP, affinitySize: affinitySize}
+		nodeIP: nodeIP, affinitySize: affinitySize, partSpan: defaultPartSpan}
 	var err error
 	if r.jumpMasq, err = encodeExprs(fi.proto, rule{nftnl.Jump(chainMasqCluster)}); err != nil {
 		return nil, err
@@ -177,6 +181,11 @@ func newRenderer(fi familyInfo, bit, affinitySize uint32, masqAll, clusterCIDRs 
 	}
 	return r, nil
 }
+
+// partOf returns the part of its shard's endpoint maps that holds the
+// range sets of the service port with id id: consecutive ids, partSpan
+// at a time, fill the parts in turn.
+func (r *renderer) partOf(id uint32) uint32 { return id / r.partSpan % numParts }
 
 // encode encodes the rules of c.
 func (r *renderer) encode(c *chainObj) error {

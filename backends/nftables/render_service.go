@@ -102,7 +102,7 @@ func (r *renderer) service(name model.ServicePortName, sp *model.ServicePort, t 
 		}
 	}
 	s.shard, _ = groupOf(a.id, 0)
-	s.part = partOf(a.id)
+	s.part = r.partOf(a.id)
 	s.epMap = endpointsMap(s.shard, s.part)
 	if a.prev != nil {
 		s.prevSlots, s.prevAIDs = a.prev.slots, a.prev.aids
