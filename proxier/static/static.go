@@ -567,11 +567,11 @@ func (s *Source) reload(p proxier.Proxier, log *slog.Logger) error {
 // objs, and remembers objs.
 func (s *Source) deliver(p proxier.Proxier, objs *Objects) {
 	key := func(ns, name string) string { return ns + "/" + name }
-	diff(s.services, objs.Services, func(o *v1.Service) string { return key(o.Namespace, o.Name) },
+	s.services = diff(s.services, objs.Services, func(o *v1.Service) string { return key(o.Namespace, o.Name) },
 		p.OnServiceAdd, p.OnServiceUpdate, p.OnServiceDelete)
-	diff(s.slices, objs.EndpointSlices, func(o *discoveryv1.EndpointSlice) string { return key(o.Namespace, o.Name) },
+	s.slices = diff(s.slices, objs.EndpointSlices, func(o *discoveryv1.EndpointSlice) string { return key(o.Namespace, o.Name) },
 		p.OnEndpointSliceAdd, p.OnEndpointSliceUpdate, p.OnEndpointSliceDelete)
-	diff(s.nodes, objs.Nodes, func(o *v1.Node) string { return o.Name },
+	s.nodes = diff(s.nodes, objs.Nodes, func(o *v1.Node) string { return o.Name },
 		p.OnNodeAdd, p.OnNodeUpdate, p.OnNodeDelete)
 	if !slices.Equal(s.cidrs, objs.ServiceCIDRs) {
 		s.cidrs = slices.Clone(objs.ServiceCIDRs)
@@ -580,12 +580,22 @@ func (s *Source) deliver(p proxier.Proxier, objs *Objects) {
 }
 
 // diff calls add, update and delete for the difference between known (by
-// key, updated in place) and objs.
-func diff[T any](known map[string]T, objs []T, key func(T) string, add func(T), update func(old, cur T), del func(T)) {
-	seen := make(map[string]bool, len(objs))
+// key) and objs, and returns known updated (in place, or a new map when
+// known was empty: the first delivery, sized for objs, with nothing to
+// delete).
+func diff[T any](known map[string]T, objs []T, key func(T) string, add func(T), update func(old, cur T), del func(T)) map[string]T {
+	first := len(known) == 0
+	var seen map[string]bool
+	if first {
+		known = make(map[string]T, len(objs))
+	} else {
+		seen = make(map[string]bool, len(objs))
+	}
 	for _, o := range objs {
 		k := key(o)
-		seen[k] = true
+		if !first {
+			seen[k] = true
+		}
 		switch old, ok := known[k]; {
 		case !ok:
 			add(o)
@@ -596,10 +606,14 @@ func diff[T any](known map[string]T, objs []T, key func(T) string, add func(T), 
 		}
 		known[k] = o
 	}
+	if first {
+		return known // every key is one of objs'
+	}
 	for k, old := range known {
 		if !seen[k] {
 			del(old)
 			delete(known, k)
 		}
 	}
+	return known
 }
