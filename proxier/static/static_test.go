@@ -374,3 +374,33 @@ func TestParseDuplicateKeys(t *testing.T) {
 		t.Errorf("Service with a duplicate key: %d services, %v; want an error", len(objs.Services), err)
 	}
 }
+
+// TestSourceDuplicateNames: a name given twice in the file that is
+// delivered first is added, then updated to its last object (as any
+// later delivery does), and a later file changes or deletes what it
+// delivered.
+func TestSourceDuplicateNames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "svc.yaml")
+	twice := manifest + "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec: {clusterIP: 10.96.0.99, ports: [{port: 80}]}\n"
+	writeFile(t, path, twice)
+	ev := &fakeproxier.Events{}
+	src := &Source{Path: path}
+	if err := src.Run(context.Background(), ev); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ev.Take(), []string{"svc+ web", "svc+ dns", "svc~ web", "eps+ web-1", "svc synced", "eps synced", "node synced"}; !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if ip := src.services["demo/web"].Spec.ClusterIP; ip != "10.96.0.99" {
+		t.Errorf("demo/web delivered last with %s, want the file's last object (10.96.0.99)", ip)
+	}
+	writeFile(t, path, manifest[:strings.Index(manifest, "---")])
+	if err := src.reload(ev, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	got := ev.Take()
+	slices.Sort(got)
+	if want := []string{"eps- web-1", "svc- dns", "svc~ web"}; !slices.Equal(got, want) { // web back to 10.96.0.10
+		t.Errorf("events %v, want %v", got, want)
+	}
+}
