@@ -225,9 +225,14 @@ type nsTable struct {
 	sum uint64
 }
 
-func newNSState() *nsState {
-	return &nsState{fes: map[nsfeKey]nsfeVal{}, slots: map[beKey]nsbeVal{}, ranges: map[nsrangeKey]uint8{}, locals: map[nslocKey]int{},
-		tables: map[uint32]nsTable{}}
+func newNSState() *nsState { return newNSStateSized(0, 0) }
+
+// newNSStateSized returns an empty state whose frontend and slot maps
+// have room for fes and slots entries (a full sync of 1 M slots spent a
+// third of its time growing the slot map).
+func newNSStateSized(fes, slots int) *nsState {
+	return &nsState{fes: make(map[nsfeKey]nsfeVal, fes), slots: make(map[beKey]nsbeVal, slots), ranges: map[nsrangeKey]uint8{},
+		locals: map[nslocKey]int{}, tables: map[uint32]nsTable{}}
 }
 
 // tableOpsNS returns the Maglev tables that turn have's into want's: the
@@ -480,18 +485,30 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 // in name order; one that does not fit the maps is left out with an
 // ObjectError.
 func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.ServicePortName]*portKeys, map[model.ServicePortName]error) {
-	st := newNSState()
+	names := slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare)
+	type planned struct {
+		p          *portPlan
+		fes, slots int
+	}
+	plans := make([]planned, len(names))
+	var allFEs, allSlots int
+	for i, name := range names {
+		p, fes, slots := t.plan(req.State.Services[name], targetsOrNone(req.Targets[name]))
+		plans[i] = planned{p, fes, slots}
+		allFEs += fes
+		allSlots += slots
+	}
+	st := newNSStateSized(allFEs, allSlots)
 	ports := make(map[model.ServicePortName]*portKeys, len(req.State.Services))
 	objErrs := map[model.ServicePortName]error{}
-	for _, name := range slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare) {
-		sp, tg := req.State.Services[name], req.Targets[name]
-		tg = targetsOrNone(tg)
-		p, fes, slots := t.plan(sp, tg)
-		if err := t.fits(len(st.fes)+fes, len(st.slots)+slots); err != nil {
+	for i, name := range names {
+		sp, tg := req.State.Services[name], targetsOrNone(req.Targets[name])
+		pl := plans[i]
+		if err := t.fits(len(st.fes)+pl.fes, len(st.slots)+pl.slots); err != nil {
 			objErrs[name] = t.leave(name, err)
 			continue
 		}
-		ports[name] = t.renderPort(st, name, sp, tg, p)
+		ports[name] = t.renderPort(st, name, sp, tg, pl.p)
 	}
 	for gn := range t.groups {
 		if _, ok := ports[gn.name]; !ok {
@@ -580,13 +597,28 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 // frontends. eps are the targets g was laid out from: they say which
 // endpoints run on this node.
 func (t *tcBackend) renderGroup(st *nsState, g *nsGroup, eps []*model.Endpoint) nsfeVal {
-	local := map[netip.AddrPort]bool{}
-	for _, e := range eps {
-		local[e.Addr] = local[e.Addr] || e.Local
+	// Small groups (nearly all) scan eps instead of building a map.
+	var local map[netip.AddrPort]bool
+	if len(eps) > 16 {
+		local = make(map[netip.AddrPort]bool, len(eps))
+		for _, e := range eps {
+			local[e.Addr] = local[e.Addr] || e.Local
+		}
+	}
+	isLocal := func(ep netip.AddrPort) bool {
+		if local != nil {
+			return local[ep]
+		}
+		for _, e := range eps {
+			if e.Local && e.Addr == ep {
+				return true
+			}
+		}
+		return false
 	}
 	for i, ep := range g.eps {
 		v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
-		if local[ep] {
+		if isLocal(ep) {
 			v.Flags = nsbeLocal
 			st.locals[nslocKey{Addr: v.Addr, Port: v.Port}]++
 		}
