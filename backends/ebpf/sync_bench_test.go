@@ -18,8 +18,16 @@ import (
 // (its maps: about 250 MB of kernel memory). Reports the CPU time
 // (cpu-ms/op) and the heap the sync allocated (alloc-MB/op). Run with
 // -benchtime=3x; wrap it in the heavy-run lock of a shared machine.
-func BenchmarkFullSyncLarge(b *testing.B) {
+func BenchmarkFullSyncLarge(b *testing.B) { benchFullSyncLarge(b, "") }
+
+// benchFullSyncLarge runs the first sync of 100,000 services of 10
+// endpoints with socket programs only (ns empty) or with the north-south
+// plane ns, and reports cpu-ms/op and alloc-MB/op.
+func benchFullSyncLarge(b *testing.B, ns NorthSouth) {
 	testnet.RequireRoot(b)
+	if ns != "" {
+		testnet.RequireCommand(b, "nft")
+	}
 	tn := testnet.New(b, testnet.Options{Node1Pods: 1, Node2Pods: 1})
 	cg := emptyCgroup(b)
 	const n = 100000
@@ -27,7 +35,8 @@ func BenchmarkFullSyncLarge(b *testing.B) {
 	cfg := Config{
 		Config:      proxier.Config{NetNS: tn.Node1.Path(), Families: []model.IPFamily{model.IPv4}},
 		CgroupPath:  cg,
-		SocketOnly:  true,
+		SocketOnly:  ns == "",
+		NorthSouth:  ns,
 		MaxServices: 1 << 18,
 		MaxBackends: 1 << 21,
 	}
