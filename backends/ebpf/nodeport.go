@@ -355,10 +355,14 @@ type portPlan struct {
 	eps                        [2][]netip.AddrPort
 }
 
-// plan returns the plan of service port sp with targets tg, and the
-// frontends and endpoint slots it holds.
-func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) (p *portPlan, fes, slots int) {
-	p = &portPlan{}
+// size returns the frontends and endpoint slots the plan holds.
+func (p *portPlan) size() (fes, slots int) {
+	return len(p.internal) + len(p.external) + len(p.ranged), len(p.eps[0]) + len(p.eps[1])
+}
+
+// plan returns the plan of service port sp with targets tg.
+func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) *portPlan {
+	p := &portPlan{}
 	p.internal, p.external, p.ranged = tcFrontends(t.family, sp)
 	if len(p.internal) > 0 {
 		p.eps[0] = addrs(tg.Internal)
@@ -366,7 +370,7 @@ func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) (p *portPla
 	if len(p.external) > 0 || len(p.ranged) > 0 {
 		p.eps[1] = addrs(tg.External)
 	}
-	return p, len(p.internal) + len(p.external) + len(p.ranged), len(p.eps[0]) + len(p.eps[1])
+	return p
 }
 
 // leave forgets the groups of service port name, which the maps do not
@@ -417,7 +421,8 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 			continue
 		}
 		tg := targetsOrNone(req.Targets[name])
-		p, fes, slots := t.plan(sp, tg)
+		p := t.plan(sp, tg)
+		fes, slots := p.size()
 		if err := t.fits(held[0]+fes, held[1]+slots); err != nil {
 			objErrs[name] = t.leave(name, err)
 			continue
@@ -486,15 +491,11 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 // ObjectError.
 func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.ServicePortName]*portKeys, map[model.ServicePortName]error) {
 	names := slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare)
-	type planned struct {
-		p          *portPlan
-		fes, slots int
-	}
-	plans := make([]planned, len(names))
+	plans := make([]*portPlan, len(names))
 	var allFEs, allSlots int
 	for i, name := range names {
-		p, fes, slots := t.plan(req.State.Services[name], targetsOrNone(req.Targets[name]))
-		plans[i] = planned{p, fes, slots}
+		plans[i] = t.plan(req.State.Services[name], targetsOrNone(req.Targets[name]))
+		fes, slots := plans[i].size()
 		allFEs += fes
 		allSlots += slots
 	}
@@ -503,12 +504,12 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 	objErrs := map[model.ServicePortName]error{}
 	for i, name := range names {
 		sp, tg := req.State.Services[name], targetsOrNone(req.Targets[name])
-		pl := plans[i]
-		if err := t.fits(len(st.fes)+pl.fes, len(st.slots)+pl.slots); err != nil {
+		fes, slots := plans[i].size()
+		if err := t.fits(len(st.fes)+fes, len(st.slots)+slots); err != nil {
 			objErrs[name] = t.leave(name, err)
 			continue
 		}
-		ports[name] = t.renderPort(st, name, sp, tg, pl.p)
+		ports[name] = t.renderPort(st, name, sp, tg, plans[i])
 	}
 	for gn := range t.groups {
 		if _, ok := ports[gn.name]; !ok {

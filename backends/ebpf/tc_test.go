@@ -71,8 +71,7 @@ func TestTCDSRFlag(t *testing.T) {
 		}
 		st := newNSState()
 		tg := &proxier.Targets{}
-		p, _, _ := tb.plan(sp, tg)
-		tb.renderPort(st, sp.Name, sp, tg, p)
+		tb.renderPort(st, sp.Name, sp, tg, tb.plan(sp, tg))
 		for k, v := range st.fes {
 			external := k.Addr != mapped16(sp.ClusterIP)
 			if got := v.Flags&nsfeDSR != 0; got != (c.want && external) {
