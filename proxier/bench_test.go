@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
 )
@@ -150,11 +151,11 @@ func BenchmarkFirstSync(b *testing.B) {
 				})
 				feedEngine(e, objs, slices)
 				b.StartTimer()
-				start := processCPU()
+				start := cputime.Process()
 				if ok, _ := e.syncOnce(ctx, false); !ok {
 					b.Fatal("first sync failed")
 				}
-				cpu += processCPU() - start
+				cpu += cputime.Process() - start
 				b.StopTimer()
 				e.Close()
 				b.StartTimer()

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -489,11 +490,11 @@ func benchFullSync(b *testing.B, n, eps int) {
 		runtime.GC()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		c0 := cpuTime(b)
+		c0 := cputime.Process()
 		b.StartTimer()
 		mustSync(b, be, req)
 		b.StopTimer()
-		cpu += cpuTime(b) - c0
+		cpu += cputime.Process() - c0
 		runtime.ReadMemStats(&after)
 		alloc += after.TotalAlloc - before.TotalAlloc
 		kernel += be.last.kernel
@@ -506,13 +507,4 @@ func benchFullSync(b *testing.B, n, eps int) {
 	b.ReportMetric(float64(alloc)/float64(b.N)/1e6, "alloc-MB/op")
 	b.ReportMetric(float64(be.last.bytes)/1e6, "batch-MB")
 	runtime.KeepAlive(req)
-}
-
-// cpuTime returns the process's CPU time so far, user and system.
-func cpuTime(tb testing.TB) time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/proxykit/proxykit/backends/iptables"
 	"github.com/proxykit/proxykit/backends/ipvs"
 	"github.com/proxykit/proxykit/backends/nftables"
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/netns"
 	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/model"
@@ -220,14 +221,14 @@ func proxierChild(in *bufio.Reader) error {
 		return err
 	}
 	start = time.Now()
-	cpu := cpuTime()
+	cpu := cputime.Process()
 	done := make(chan error, 1)
 	go func() { done <- pr.Run(ctx) }()
 	if err := pr.Flush(ctx); err != nil {
 		return fmt.Errorf("first sync: %w", err)
 	}
 	res.SyncSeconds = time.Since(start).Seconds()
-	res.SyncCPUSeconds = (cpuTime() - cpu).Seconds()
+	res.SyncCPUSeconds = (cputime.Process() - cpu).Seconds()
 	if err := stop(); err != nil {
 		return err
 	}
@@ -275,17 +276,6 @@ func proxierChild(in *bufio.Reader) error {
 		return fmt.Errorf("close: %w", err)
 	}
 	return out.Encode(childResult{})
-}
-
-// cpuTime returns the CPU time, user and system, of this process: on
-// a machine shared with other work, what waiting for a CPU does not
-// inflate.
-func cpuTime() time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // startCPUProfile starts a CPU profile into prefix+suffix and returns
