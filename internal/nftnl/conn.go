@@ -197,6 +197,14 @@ func (c *NetlinkConn) recv() (int, error) {
 // kernel ends the answer: an error message (errno 0 is an ack), or
 // NLMSG_DONE, reported as errno 0.
 func (c *NetlinkConn) query(ctx context.Context, typ, flags uint16, proto byte, attrs func(*Batch), reply func(typ uint16, attrs []byte)) (errno unix.Errno, err error) {
+	return c.exchange(ctx, typ, flags, proto, attrs, false, func(typ, _ uint16, attrs []byte) { reply(typ, attrs) })
+}
+
+// exchange is query, handing reply each message's flags too; with
+// watch, ctx is checked before each datagram is read, so a long dump
+// stops when ctx ends (the caller must then close the connection: the
+// rest of the dump is still queued).
+func (c *NetlinkConn) exchange(ctx context.Context, typ, flags uint16, proto byte, attrs func(*Batch), watch bool, reply func(typ, flags uint16, attrs []byte)) (errno unix.Errno, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -211,6 +219,11 @@ func (c *NetlinkConn) query(ctx context.Context, typ, flags uint16, proto byte, 
 		return 0, err
 	}
 	for {
+		if watch {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+		}
 		n, err := c.recv()
 		if err != nil {
 			return 0, err
@@ -221,6 +234,7 @@ func (c *NetlinkConn) query(ctx context.Context, typ, flags uint16, proto byte, 
 				break
 			}
 			typ := binary.NativeEndian.Uint16(c.recvBuf[off+4:])
+			msgFlags := binary.NativeEndian.Uint16(c.recvBuf[off+6:])
 			if binary.NativeEndian.Uint32(c.recvBuf[off+8:]) == seq {
 				switch typ {
 				case unix.NLMSG_DONE:
@@ -229,7 +243,7 @@ func (c *NetlinkConn) query(ctx context.Context, typ, flags uint16, proto byte, 
 					return unix.Errno(-int32(binary.NativeEndian.Uint32(c.recvBuf[off+nlmsgHdrLen:]))), nil
 				default:
 					if l >= nlmsgHdrLen+4 {
-						reply(typ, c.recvBuf[off+nlmsgHdrLen+4:off+l])
+						reply(typ, msgFlags, c.recvBuf[off+nlmsgHdrLen+4:off+l])
 					}
 				}
 			}
@@ -282,10 +296,28 @@ func (c *NetlinkConn) ChainExists(ctx context.Context, proto byte, table, chain 
 // costs a dump of the family's chains each (the kernel walks all of them
 // for each).
 func (c *NetlinkConn) ChainsByTable(ctx context.Context, proto byte) (map[string][]string, error) {
+	byTable, _, err := c.chainsByTable(ctx, proto, false)
+	return byTable, err
+}
+
+// ChainsByTableChecked is [NetlinkConn.ChainsByTable] for a caller that
+// lists while other programs (or itself) may change the tables: it
+// reports whether the kernel flagged the dump as interrupted by a
+// change (NLM_F_DUMP_INTR), in which case a chain may be missing from
+// the list or listed twice, and it checks ctx between datagrams, so that
+// a dump of many chains stops when ctx ends (the connection must then be
+// closed). The dump costs the kernel time quadratic in the family's
+// chains: each ~32 KB datagram restarts the walk from the first chain.
+func (c *NetlinkConn) ChainsByTableChecked(ctx context.Context, proto byte) (byTable map[string][]string, interrupted bool, err error) {
+	return c.chainsByTable(ctx, proto, true)
+}
+
+func (c *NetlinkConn) chainsByTable(ctx context.Context, proto byte, watch bool) (byTable map[string][]string, interrupted bool, err error) {
 	out := map[string][]string{}
 	var derr error
-	errno, err := c.query(ctx, unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, proto, func(*Batch) {},
-		func(typ uint16, attrs []byte) {
+	errno, err := c.exchange(ctx, unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP, proto, func(*Batch) {}, watch,
+		func(typ, flags uint16, attrs []byte) {
+			interrupted = interrupted || flags&unix.NLM_F_DUMP_INTR != 0
 			if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || typ&0xff != unix.NFT_MSG_NEWCHAIN {
 				return
 			}
@@ -298,13 +330,13 @@ func (c *NetlinkConn) ChainsByTable(ctx context.Context, proto byte) (map[string
 		})
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, false, err
 	case derr != nil:
-		return nil, derr
+		return nil, false, derr
 	case errno != 0:
-		return nil, errno
+		return nil, false, errno
 	}
-	return out, nil
+	return out, interrupted, nil
 }
 
 // Chains implements [Conn].

@@ -1,9 +1,11 @@
 package nftnl
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -34,6 +36,18 @@ func requireRoot(t *testing.T) {
 // testConn returns a connection in a new namespace, removed at cleanup.
 func testConn(t *testing.T) *NetlinkConn {
 	t.Helper()
+	c, err := Dial(testNS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testNS returns a new network namespace, deleted at the end of the
+// test.
+func testNS(t *testing.T) *netns.NS {
+	t.Helper()
 	requireRoot(t)
 	b := make([]byte, 4)
 	rand.Read(b)
@@ -47,12 +61,7 @@ func testConn(t *testing.T) *NetlinkConn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	c, err := Dial(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return ns
 }
 
 // TestKernelMatchesRecorder commits the sample batch (every message and
@@ -190,5 +199,71 @@ func TestKernelChainExists(t *testing.T) {
 		if got, err := c.ChainExists(t.Context(), unix.NFPROTO_IPV4, tc.table, tc.chain); err != nil || got != tc.want {
 			t.Errorf("chain %s of table %s: %v, %v; want %v", tc.chain, tc.table, got, err, tc.want)
 		}
+	}
+}
+
+// TestKernelChainsByTableChecked lists a table of 20,000 chains (dozens
+// of datagrams): all of them, uninterrupted when nothing changes; with
+// chains committed from another socket during the dump, the kernel
+// flags it as interrupted; an ended context stops it.
+func TestKernelChainsByTableChecked(t *testing.T) {
+	ns := testNS(t)
+	c, err := Dial(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 20000
+	tx := NewBatch(unix.NFPROTO_IPV4, "t")
+	tx.AddTable()
+	for i := range n {
+		tx.AddChain(fmt.Sprintf("c%05d", i), nil)
+	}
+	if err := c.Commit(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	byTable, interrupted, err := c.ChainsByTableChecked(t.Context(), unix.NFPROTO_IPV4)
+	if err != nil || interrupted || len(byTable["t"]) != n {
+		t.Fatalf("quiet table: %d chains, interrupted %v, %v", len(byTable["t"]), interrupted, err)
+	}
+
+	other, err := Dial(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	seen := false
+	for attempt := 0; attempt < 5 && !seen; attempt++ {
+		stop, done := make(chan struct{}), make(chan error, 1)
+		go func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					done <- nil
+					return
+				default:
+				}
+				tx := NewBatch(unix.NFPROTO_IPV4, "t")
+				tx.AddChain(fmt.Sprintf("new%d-%d", attempt, i), nil)
+				if err := other.Commit(context.Background(), tx); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		_, seen, err = c.ChainsByTableChecked(t.Context(), unix.NFPROTO_IPV4)
+		close(stop)
+		if cerr := <-done; cerr != nil || err != nil {
+			t.Fatalf("dump: %v; commits: %v", err, cerr)
+		}
+	}
+	if !seen {
+		t.Error("no dump was flagged as interrupted while chains were added")
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, _, err := c.ChainsByTableChecked(ctx, unix.NFPROTO_IPV4); !errors.Is(err, context.Canceled) {
+		t.Errorf("with an ended context: %v", err)
 	}
 }
