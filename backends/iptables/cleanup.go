@@ -98,6 +98,7 @@ func (b *backend) Cleanup(ctx context.Context) error {
 	if b.run == nil {
 		return errors.New("iptables: backend is closed")
 	}
+	b.stopCheck()
 	b.st = nil
 	c := cleaner{n: b.r.n, log: b.log}
 	err := c.cleanupWith(ctx, b.run)
@@ -243,6 +244,7 @@ func (c cleaner) cleanupWith(ctx context.Context, r *iptables.Runner) error {
 // Close releases the namespace handle. The rules stay for a successor to
 // adopt.
 func (b *backend) Close() error {
+	b.stopCheck()
 	b.run = nil
 	b.lock.Release()
 	if b.ns == nil {

@@ -15,11 +15,11 @@ import (
 // hex digits of the SHA-256 of every rule the rewrite leaves in our
 // chains (the fixed chains, the jumps from the built-in chains, and each
 // service port's chains and rules in the fixed chains), written in the
-// rewrite's last restore run. The first sync of a process, which reads
-// our chains with *-save anyway, adopts what it finds instead of
-// rewriting it when the fingerprint is the one of what it would write,
-// the per-service chains are exactly those it would write, and the jumps
-// check out: nothing is restored.
+// rewrite's last restore run. The first sync of a process adopts what it
+// finds instead of rewriting it when the fingerprint is the one of what
+// it would write, the per-service chains are exactly those it would
+// write, and the jumps check out: nothing is restored. The nft flavour
+// checks the chains after the sync (verify.go).
 //
 // What is trusted: that nobody changed the rules of our chains without
 // changing the set of our chains or the fingerprint rule. The periodic

@@ -27,6 +27,51 @@ import (
 func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error {
 	start := time.Now()
 	prev := b.st
+	errs := map[model.ServicePortName]error{}
+	var want [numTables]map[model.ServicePortName]*tableRules
+	for t := range numTables {
+		want[t] = make(map[model.ServicePortName]*tableRules, len(req.State.Services))
+	}
+	for name := range req.State.Services {
+		rd, ok := b.render(req, name, errs)
+		if !ok {
+			// Keep what the kernel has, if we know it.
+			rd = prev.rendering(name)
+		}
+		for t := range numTables {
+			if rd[t] != nil {
+				want[t][name] = rd[t]
+			}
+		}
+	}
+	rendered := time.Since(start)
+	tried := false // adopt found the fingerprint or a jump not as wanted
+	if prev == nil && !b.listFirst && len(errs) == 0 && b.run != nil && b.run.Tools().Flavour == iptables.NFT {
+		// The nft flavour adopts on the fingerprint and the jumps, and
+		// lists the chains afterwards (verify.go): the kernel's chain
+		// dump is quadratic in the chains.
+		t0 := time.Now()
+		saved, err := b.readFingerprint(ctx)
+		if err != nil {
+			return fmt.Errorf("iptables: full sync: %w", err)
+		}
+		read := time.Since(t0)
+		if saved != "" {
+			var unlisted [numTables]map[string]bool // checked after the sync
+			steps, err := b.adopt(ctx, want, unlisted, saved)
+			if err != nil {
+				return fmt.Errorf("iptables: full sync: %w", err)
+			}
+			tried = true
+			if steps.ok {
+				b.startCheck(want)
+				b.log.Info("full sync", "services", len(req.State.Services), "mode", "adopt", "duration", time.Since(start),
+					"render", rendered, "readFingerprint", read, "fingerprint", steps.hash, "jumps", steps.jumps,
+					"chains", "checked after the sync")
+				return nil
+			}
+		}
+	}
 	// have holds the per-service chains the kernel may hold. jumps says
 	// how to handle the jumps from the built-in chains: insert them
 	// where the chains they jump to do not exist (so neither do they),
@@ -35,6 +80,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	jumps := [numTables]jumpMode{jumpsCheck, jumpsCheck}
 	saved := ""                    // the fingerprint our nat chains hold, as *-save lists it
 	var listed map[string][]string // the nft flavour's chains by table
+	t0 := time.Now()
 	if prev == nil {
 		var err error
 		if listed, _, err = b.run.Chains(ctx); err != nil {
@@ -61,29 +107,15 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		}
 		have[t] = setOf(chains)
 	}
+	read := time.Since(t0)
 	jumpsFixed := false
-	errs := map[model.ServicePortName]error{}
-	var want [numTables]map[model.ServicePortName]*tableRules
-	for t := range numTables {
-		want[t] = make(map[model.ServicePortName]*tableRules, len(req.State.Services))
-	}
-	for name := range req.State.Services {
-		rd, ok := b.render(req, name, errs)
-		if !ok {
-			// Keep what the kernel has, if we know it.
-			rd = prev.rendering(name)
-		}
-		for t := range numTables {
-			if rd[t] != nil {
-				want[t][name] = rd[t]
-			}
-		}
-	}
-	if prev == nil && saved != "" && len(errs) == 0 && jumps == [numTables]jumpMode{jumpsCheck, jumpsCheck} {
-		if ok, err := b.adopt(ctx, want, have, saved); err != nil {
+	if prev == nil && !tried && saved != "" && len(errs) == 0 && jumps == [numTables]jumpMode{jumpsCheck, jumpsCheck} {
+		if steps, err := b.adopt(ctx, want, have, saved); err != nil {
 			return fmt.Errorf("iptables: full sync: %w", err)
-		} else if ok {
-			b.log.Info("full sync", "services", len(req.State.Services), "mode", "adopt", "duration", time.Since(start))
+		} else if steps.ok {
+			b.listFirst = false
+			b.log.Info("full sync", "services", len(req.State.Services), "mode", "adopt", "duration", time.Since(start),
+				"render", rendered, "readChains", read, "fingerprint", steps.hash, "jumps", steps.jumps)
 			return nil
 		}
 	}
@@ -115,6 +147,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			st.fingerprint = secs[len(secs)-1].fingerprint
 			b.st = st
 			b.lastRewrite = time.Now()
+			b.listFirst = false
 			break
 		}
 		failed, ok := errors.AsType[*iptables.RestoreError](err)
@@ -173,7 +206,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		}
 	}
 	b.log.Info("full sync", "services", len(req.State.Services), "sections", b.last.sections, "lines", b.last.lines,
-		"bytes", b.last.bytes, "duration", time.Since(start))
+		"bytes", b.last.bytes, "render", rendered, "readChains", read, "duration", time.Since(start))
 	return proxier.JoinObjectErrors(errs)
 }
 
@@ -360,9 +393,7 @@ func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][
 		// fingerprint rule alone (iptables -S of one chain reads that
 		// chain only), instead of *-save of the whole table.
 		if t == tNAT {
-			if fp, err := b.run.Command(ctx, "-t", "nat", "-S", b.r.n.fixed(chFingerprint)); err == nil {
-				out = []byte(fp)
-			} else if _, ok := errors.AsType[*iptables.CommandError](err); !ok {
+			if fingerprint, err = b.readFingerprint(ctx); err != nil {
 				return nil, false, "", err
 			}
 		}
@@ -410,28 +441,63 @@ func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][
 	return chains, found == len(want), fingerprint, s.Err()
 }
 
+// readFingerprint returns the comment of the fingerprint rule of the nat
+// table, "" when there is none: iptables -S of that one chain, which
+// reads that chain only (iptables-nft asks the kernel for it by name,
+// whatever the number of chains).
+func (b *backend) readFingerprint(ctx context.Context) (string, error) {
+	out, err := b.run.Command(ctx, "-t", "nat", "-S", b.r.n.fixed(chFingerprint))
+	if err != nil {
+		if _, ok := errors.AsType[*iptables.CommandError](err); ok {
+			return "", nil // no such chain
+		}
+		return "", err
+	}
+	for l := range strings.Lines(out) {
+		if fp, ok := b.savedFingerprint(strings.TrimRight(l, "\n")); ok {
+			return fp, nil
+		}
+	}
+	return "", nil
+}
+
+// adoptSteps says whether adopt adopted, and how long its steps took.
+type adoptSteps struct {
+	ok bool
+	// hash is the fingerprint of want; jumps the run checking the
+	// jumps from the built-in chains.
+	hash, jumps time.Duration
+}
+
 // adopt makes want, which the nat table's fingerprint rule says the
 // kernel holds, the state, when our per-service chains are those of want
-// (have) and the jumps from the built-in chains are in place. It reports
-// whether it did; an error means the kernel could not be asked.
-func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePortName]*tableRules, have [numTables]map[string]bool, saved string) (bool, error) {
+// (have; nil when the caller checks them afterwards, see verify.go) and
+// the jumps from the built-in chains are in place. It reports whether it
+// did; an error means the kernel could not be asked.
+func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePortName]*tableRules, have [numTables]map[string]bool, saved string) (adoptSteps, error) {
+	var steps adoptSteps
 	start := time.Now()
 	fp := b.fingerprint(want)
+	steps.hash = time.Since(start)
 	if fp != saved {
-		return false, nil
+		return steps, nil
 	}
 	for t := range numTables {
+		if have[t] == nil {
+			continue
+		}
 		chains := chainsOf(want[t])
 		if len(chains) != len(have[t]) {
-			return false, nil
+			return steps, nil
 		}
 		for _, c := range chains {
 			if !have[t][c] {
-				return false, nil
+				return steps, nil
 			}
 		}
 	}
 	// The jumps, checked in one run as a rewrite checks them first.
+	t0 := time.Now()
 	in := newInput(1024)
 	for t := range numTables {
 		in.begin(t)
@@ -442,11 +508,13 @@ func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePo
 		}
 		in.commit()
 	}
-	if err := b.restore(ctx, in.b); err != nil {
+	err := b.restore(ctx, in.b)
+	steps.jumps = time.Since(t0)
+	if err != nil {
 		if _, ok := errors.AsType[*iptables.RestoreError](err); ok {
-			return false, nil // a jump is missing: rewrite
+			return steps, nil // a jump is missing: rewrite
 		}
-		return false, err
+		return steps, err
 	}
 	st := newState()
 	st.svcs = want
@@ -455,7 +523,8 @@ func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePo
 	b.lastRewrite = time.Now()
 	b.last = inputStats{full: true, adopted: true, sections: 1, lines: in.lines, bytes: len(in.b)}
 	b.log.Debug("adopted our chains", "fingerprint", fp, "duration", time.Since(start))
-	return true, nil
+	steps.ok = true
+	return steps, nil
 }
 
 // fullSections writes the restore input of a complete rewrite, as

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -679,12 +680,135 @@ func TestKernelAdoptsMatchingChains(t *testing.T) {
 		t.Fatal("a service that is gone answers")
 	}
 	b4.Close()
-	e.exec("iptables-nft", "-w", "-t", "nat", "-N", "PROXYKIT-SVC-HANDMADE")
-	if b5 := first(a2); b5.last.adopted {
-		t.Errorf("chains beside a hand-made one of ours were adopted")
+}
+
+// TestKernelChecksAdoptedChains: the nft flavour adopts on the
+// fingerprint and the jumps, and lists our chains after the sync
+// (verify.go). A chain of ours left beside them (hand-made here) or one
+// deleted behind our back (with the rule that jumped to it, which broke
+// the service) is found by that check, and the next sync lists the
+// chains again and rewrites everything: the left-over chain is deleted,
+// the missing one written, the service answers again. A check that
+// fails, or whose dumps are always interrupted, never leads to trusting
+// the chains: the next sync lists them itself (and adopts them, as they
+// match).
+func TestKernelChecksAdoptedChains(t *testing.T) {
+	e := newKernelEnv(t)
+	node, p11, p21 := &e.tn.Node1.Host, e.pod(1, 1), e.pod(2, 1)
+	a := e.svc(model.IPv4, "a", "10.96.3.1", p11)
+	bsvc := e.svc(model.IPv4, "b", "10.96.3.2", p21)
+	svcs := []testSvc{a, bsvc}
+	cfg := Config{Mode: ModeNFT}
+	save := func() string { return e.exec("iptables-nft-save", "-t", "nat") }
+	// first starts a process whose first sync must adopt, and waits for
+	// its check.
+	first := func(list chainLister) *backend {
+		t.Helper()
+		b := e.backend(model.IPv4, cfg)
+		b.listChains = list
+		mustSync(t, b, request(model.IPv4, svcs, nil))
+		if !b.last.adopted || b.check == nil {
+			t.Fatalf("the first sync did not adopt with a check to follow: %+v", b.last)
+		}
+		<-b.check.done
+		return b
 	}
-	if strings.Contains(e.exec("iptables-nft-save", "-t", "nat"), "PROXYKIT-SVC-HANDMADE") {
+	// again syncs without a change, as the engine's next sync does.
+	again := func(b *backend) {
+		t.Helper()
+		mustSync(t, b, request(model.IPv4, svcs, []model.ServicePortName{}))
+	}
+	b1 := e.backend(model.IPv4, cfg)
+	mustSync(t, b1, request(model.IPv4, svcs, nil))
+	b1.Close()
+
+	// Nothing wrong: the check agrees, the next sync writes nothing.
+	b := first(nil)
+	if c := b.check; c.err != nil || c.interrupted || len(slices.Concat(c.stray[:]...)) > 0 || len(slices.Concat(c.missing[:]...)) > 0 {
+		t.Fatalf("check of matching chains: err %v, interrupted %v, left over %v, missing %v", c.err, c.interrupted, c.stray, c.missing)
+	}
+	again(b)
+	if b.st == nil || b.last.full || b.listFirst {
+		t.Fatalf("after a check that agreed: %+v, listFirst %v", b.last, b.listFirst)
+	}
+	b.Close()
+
+	// A left-over chain of ours.
+	e.exec("iptables-nft", "-w", "-t", "nat", "-N", "PROXYKIT-SVC-HANDMADE")
+	b = first(nil)
+	if got := b.check.stray[tNAT]; !slices.Equal(got, []string{"PROXYKIT-SVC-HANDMADE"}) {
+		t.Errorf("left over: %v", got)
+	}
+	again(b)
+	if !b.last.full || b.last.adopted {
+		t.Errorf("the sync after the check did not rewrite: %+v", b.last)
+	}
+	if strings.Contains(save(), "PROXYKIT-SVC-HANDMADE") {
 		t.Error("the hand-made chain survived the rewrite")
+	}
+	if got := e.answers(node, "10.96.3.1:80"); got != p11.Name {
+		t.Fatalf("a after the rewrite: %s", got)
+	}
+	b.Close()
+
+	// A missing chain: a's endpoint chain, deleted with the rules of
+	// a's service chain.
+	var others []string
+	sepChain := ""
+	b = first(nil)
+	for _, c := range b.st.svcs[tNAT][a.Port.Name].chains {
+		if strings.Contains(c.name, "-"+kindSEP+"-") {
+			sepChain = c.name
+		} else {
+			others = append(others, c.name)
+		}
+	}
+	b.Close()
+	if sepChain == "" || len(others) == 0 {
+		t.Fatalf("no endpoint chain, or no other chain, for a: %q %q", sepChain, others)
+	}
+	for _, c := range append(others, sepChain) {
+		e.exec("iptables-nft", "-w", "-t", "nat", "-F", c)
+	}
+	e.exec("iptables-nft", "-w", "-t", "nat", "-X", sepChain)
+	if r := node.TCP(netip.MustParseAddrPort("10.96.3.1:80"), time.Second); r.Outcome == testnet.Answered {
+		t.Fatal("a answers without its endpoint chain")
+	}
+	b = first(nil)
+	if got := b.check.missing[tNAT]; !slices.Equal(got, []string{sepChain}) {
+		t.Errorf("missing: %v, want %s", got, sepChain)
+	}
+	again(b)
+	if !b.last.full || b.last.adopted {
+		t.Errorf("the sync after the check did not rewrite: %+v", b.last)
+	}
+	if got := e.answers(node, "10.96.3.1:80"); got != p11.Name {
+		t.Fatalf("a after the rewrite: %s", got)
+	}
+	b.Close()
+
+	// A check that fails or is always interrupted: the next sync lists
+	// the chains itself, and adopts them.
+	for name, list := range map[string]chainLister{
+		"failed": func(context.Context) (map[string][]string, bool, bool, error) {
+			return nil, false, true, errors.New("no netlink today")
+		},
+		"interrupted": func(context.Context) (map[string][]string, bool, bool, error) {
+			return map[string][]string{}, true, true, nil
+		},
+	} {
+		b = first(list)
+		if b.check.err == nil && (!b.check.interrupted || b.check.attempts != checkAttempts) {
+			t.Errorf("%s: check %+v", name, b.check)
+		}
+		again(b)
+		if !b.last.adopted || b.check != nil || b.listFirst {
+			t.Errorf("%s: the next sync did not list the chains and adopt them: %+v, check %v, listFirst %v", name, b.last, b.check, b.listFirst)
+		}
+		if got := e.answers(node, "10.96.3.2:80"); got != p21.Name {
+			t.Fatalf("%s: b: %s", name, got)
+		}
+		b.Close()
 	}
 }
 

@@ -41,6 +41,16 @@ type backend struct {
 	// before it is programmed: tests make the kernel refuse a service
 	// port's rules with it. The renderer has no test hooks.
 	rewrite func(model.ServicePortName, rendering) rendering
+	// check is the listing of our chains that an adopting first sync
+	// leaves running (verify.go); nil when none.
+	check *chainCheck
+	// listFirst makes the next first sync list our chains before
+	// adopting them, as the legacy flavour always does: set when a
+	// check found them not as adopted, or could not tell.
+	listFirst bool
+	// listChains, set by tests only, replaces the runner's
+	// ChainsChecked in the check.
+	listChains chainLister
 	// chunkSize and runSections, set by tests only, replace the nft
 	// flavour's section size (nftChunk) and the number of sections per
 	// run (from nftRunChains).
@@ -175,6 +185,7 @@ func (b *backend) sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if req.State.Family != 0 && req.State.Family != b.fam {
 		return fmt.Errorf("iptables: %s backend got %s state", b.fam, req.State.Family)
 	}
+	b.collectCheck()
 	if nodeIP := proxier.PrimaryNodeIP(b.cfg.Config, req, b.fam); nodeIP != b.r.nodeIP {
 		// Source ranges depend on it; a change is rare.
 		b.r.nodeIP = nodeIP
