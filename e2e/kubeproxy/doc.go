@@ -53,7 +53,10 @@
 // or "to fix"), in the differences table of the test: an unlisted
 // difference fails the test, so does a listed one that no longer occurs,
 // and so does a probe that a listed entry matches but where both sides
-// agree. A difference that shows only in some tries of one side (an
+// agree. Answering sets that differ are probed again with more tries on
+// both sides (a pod missed by chance shows up); the kube-proxy iptables
+// side, shared by the two iptables comparisons, gets its tries once, and
+// both comparisons then get them on their proxykit sides too. A difference that shows only in some tries of one side (an
 // outcome class mixed with another) is probed afresh on both sides; if it
 // goes away it is logged as FLAKE and counted in the summary line, not
 // hidden.

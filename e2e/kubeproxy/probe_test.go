@@ -189,6 +189,9 @@ type obs struct {
 	srcs     map[string]int
 	errs     map[string]bool
 	n        int
+	// trail lists every try's result, for the report of an unlisted
+	// difference.
+	trail []string
 }
 
 func newObs() *obs {
@@ -199,6 +202,7 @@ func (o *obs) add(tn *testnet.Topology, p probe, fam model.IPFamily, r testnet.R
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.n++
+	o.trail = append(o.trail, r.String())
 	switch {
 	case r.Outcome == testnet.Answered:
 		o.outcomes["answered"]++
@@ -303,6 +307,13 @@ func (o *obs) more(tn *testnet.Topology, p probe, fam model.IPFamily, n int) {
 		wg.Go(func() { o.add(tn, p, fam, try(ns, p)) })
 	}
 	wg.Wait()
+}
+
+// tries returns the tries' results, one per line.
+func (o *obs) tries() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return strings.Join(o.trail, "\n")
 }
 
 // answered reports whether any try was answered.

@@ -295,3 +295,94 @@ func (w *testLog) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// dataplaneOf returns what node1 of sb holds for the probe p of sc: the
+// rules that name the service or the probe's address (for iptables with
+// the chains they lead to) and the connection tracking entries to that
+// address.
+func dataplaneOf(sb *sandbox, sc *scenario, p probe) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ns := sb.tn.Node1.NS
+	v6 := sc.fam == model.IPv6
+	var dump []string
+	switch sb.side {
+	case sideKPNFT, sidePKNFT:
+		dump = []string{"nft", "list", "ruleset"}
+	case sideKPIPT, sidePKIPTNFT:
+		dump = []string{"iptables-nft-save"}
+		if v6 {
+			dump[0] = "ip6tables-nft-save"
+		}
+	case sidePKIPTLegacy:
+		dump = []string{"iptables-legacy-save"}
+		if v6 {
+			dump[0] = "ip6tables-legacy-save"
+		}
+	}
+	var b strings.Builder
+	out, err := ns.Exec(ctx, dump[0], dump[1:]...)
+	if err != nil {
+		fmt.Fprintf(&b, "%s: %v\n", dump[0], err)
+	}
+	svc := objNamespace + "/" + sc.name
+	addr, port := p.addr.Addr().String(), fmt.Sprint(p.addr.Port())
+	lines := strings.Split(out, "\n")
+	keep := make([]bool, len(lines))
+	chains := map[string]bool{}
+	inChain := false
+	for i, l := range lines {
+		keep[i] = strings.Contains(l, svc) || strings.Contains(l, addr) && strings.Contains(l, port)
+		// nft: a chain named for the service, whole.
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "chain ") && strings.Contains(t, svc) {
+			inChain = true
+		}
+		keep[i] = keep[i] || inChain
+		if inChain && t == "}" {
+			inChain = false
+		}
+	}
+	// For iptables, follow the chains the kept rules lead to, a few hops.
+	if !strings.HasPrefix(dump[0], "nft") {
+		for range 4 {
+			for i, l := range lines {
+				f := strings.Fields(l)
+				if len(f) > 1 && f[0] == "-A" && chains[f[1]] {
+					keep[i] = true
+				}
+				if !keep[i] {
+					continue
+				}
+				for j := 0; j+1 < len(f); j++ {
+					if f[j] == "-j" || f[j] == "-g" {
+						chains[f[j+1]] = true
+					}
+				}
+			}
+		}
+	}
+	n := 0
+	for i, l := range lines {
+		if keep[i] && n < 300 {
+			b.WriteString(l)
+			b.WriteByte('\n')
+			n++
+		}
+	}
+	fam := "ipv4"
+	if v6 {
+		fam = "ipv6"
+	}
+	ct, err := ns.Exec(ctx, "conntrack", "-L", "-f", fam)
+	if err != nil {
+		fmt.Fprintf(&b, "conntrack: %v\n", err)
+	}
+	for _, l := range strings.Split(ct, "\n") {
+		if strings.Contains(l, "dst="+addr+" ") {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
