@@ -292,12 +292,13 @@ func dpKubeProxyIPTables(filler []scale.Service, ep netip.Addr) string {
 		return idx[len(idx)/2]
 	}
 	prerouting := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "-A PREROUTING ") })
+	nat := slices.Index(lines, "*nat\n")
 	// Lines inserted before line i of the generated rule set: the chain
-	// declarations after "*nat", the jumps in the middle of their
-	// chains, the measured services' own chains before the built-in
-	// chains' jumps at the end.
+	// declarations after "*nat" (the filter table comes first), the
+	// jumps in the middle of their chains, the measured services' own
+	// chains before the built-in chains' jumps at the end.
 	at := map[int][]string{}
-	at[1] = append(at[1], decl...)
+	at[nat+1] = append(at[nat+1], decl...)
 	at[mid(svcIdx, prerouting)] = append(at[mid(svcIdx, prerouting)], svcRules...)
 	at[mid(npIdx, prerouting)] = append(at[mid(npIdx, prerouting)], npRules...)
 	at[prerouting] = append(at[prerouting], rest...)

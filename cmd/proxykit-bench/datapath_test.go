@@ -241,14 +241,17 @@ func TestKubeProxyLayouts(t *testing.T) {
 		return -1
 	}
 	decl, np, last := idx(":KUBE-SVC-BENCHDPUDP"), idx("-A KUBE-NODEPORTS -m comment --comment bench/dp-udp:http -m udp -p udp --dport 32081"), idx("--dst-type LOCAL -j KUBE-NODEPORTS")
-	if decl < 1 || np < 0 || last < 0 || np > idx("-A PREROUTING") {
+	if decl <= idx("*nat") || np < 0 || last < 0 || np > idx("-A PREROUTING") {
 		t.Errorf("iptables layout: declaration at %d, node port rule at %d:\n%.3000s", decl, np, ipt)
 	}
 	if first := idx("-A KUBE-NODEPORTS"); first >= np {
 		t.Errorf("the measured node port is first in KUBE-NODEPORTS, want the middle")
 	}
+	if idx("*filter") != 0 || idx("-j KUBE-FORWARD") < 0 || idx("*nat") < idx("-j KUBE-FORWARD") {
+		t.Errorf("iptables layout: no filter table (KUBE-FORWARD) before the nat table")
+	}
 	nft := dpKubeProxyNFT(dpFiller(Size{10, 1}), ep)
-	for _, want := range []string{"meta l4proto udp dnat to 10.244.2.2:5202", "service-nodeports { udp . 32081 : goto external-BENCHDPUDP-"} {
+	for _, want := range []string{"meta l4proto udp dnat to 10.244.2.2:5202", "service-nodeports { udp . 32081 : goto external-BENCHDPUDP-", "cluster-ips { 10.100.0.21 }", "filter-forward ct state new jump cluster-ips-check"} {
 		if !strings.Contains(nft, want) {
 			t.Errorf("nftables layout lacks %q", want)
 		}

@@ -13,27 +13,53 @@ import (
 // services, the references the benchmark loads with kube-proxy's own
 // tools at the same scale:
 //
-//   - nftables mode (pkg/proxy/nftables, Kubernetes 1.31+), loaded with
-//     `nft -f` as knftables does: one table, a service-ips verdict map
-//     dispatching to a chain per service port, whose last rule is an
-//     anonymous `numgen random mod N vmap { i : goto endpoint-… }`, and a
-//     chain per endpoint doing the DNAT; node ports go through an
-//     external-… chain.
+//   - nftables mode (pkg/proxy/nftables), loaded with `nft -f` as
+//     knftables does: one table, a service-ips verdict map dispatching to
+//     a chain per service port, whose last rule is an anonymous `numgen
+//     random mod N vmap { i : goto endpoint-… }`, and a chain per
+//     endpoint doing the DNAT; node ports go through an external-… chain.
+//     The filter side is kube-proxy 1.36's (see [KubeProxyNFT]): five
+//     filter base chains whose `ct state new` rules jump to
+//     firewall-check, service-endpoints-check, nodeport-endpoints-check
+//     and cluster-ips-check, which look up the firewall-ips,
+//     no-endpoint-services and no-endpoint-nodeports maps (empty here:
+//     every service has endpoints and none is a load balancer), reject
+//     what goes to @cluster-ips and drop what goes to [ServiceCIDR].
 //   - iptables mode (pkg/proxy/iptables), loaded with `iptables-restore
-//     --noflush --counters`: KUBE-SERVICES matching every cluster IP and
-//     jumping to KUBE-SVC-<hash>, which picks a KUBE-SEP-<hash> endpoint
-//     chain with `-m statistic --mode random --probability 1/k`; node
-//     ports through KUBE-NODEPORTS and KUBE-EXT-<hash>; KUBE-MARK-MASQ and
-//     KUBE-POSTROUTING for masquerading.
+//     --noflush --counters`: in the nat table KUBE-SERVICES matching
+//     every cluster IP and jumping to KUBE-SVC-<hash>, which picks a
+//     KUBE-SEP-<hash> endpoint chain with `-m statistic --mode random
+//     --probability 1/k`; node ports through KUBE-NODEPORTS and
+//     KUBE-EXT-<hash>; KUBE-MARK-MASQ and KUBE-POSTROUTING for
+//     masquerading. In the filter table, as kube-proxy 1.36 writes it
+//     (see [KubeProxyIPTables]), KUBE-FORWARD, KUBE-FIREWALL and the
+//     chains that hold rules only for services without endpoints, load
+//     balancer source ranges or health check node ports (empty here).
 //
-// Health checks, firewall, no-endpoint and cluster-IP reject rules (the
-// filter chains) are left out in both: they add sets or a few fixed
-// chains, not per-endpoint work, so the figures flatter kube-proxy
-// slightly.
+// Differences from kube-proxy 1.36 that remain: the nftables NAT side is
+// the layout of 1.31-1.33 (1.36 writes endpoint chains only for
+// services with session affinity, DNATs from the service chain with a
+// `numgen random mod N map`, marks for masquerading in the services
+// chain, and has a hairpin-connections set); node ports are accepted on
+// every local address (`fib daddr type local`, kube-proxy's behaviour
+// with `--nodeport-addresses` set to all addresses; the nftables mode's
+// default, "primary", looks node1's address up in a nodeport-ips set
+// instead); the iptables layout has no nfacct counters (kube-proxy adds
+// `-m nfacct` to its INVALID drop rule and writes localhost node port
+// rules when the kernel's nfacct is there). Rules that only services
+// without endpoints, load balancers with source ranges or health check
+// node ports get are absent because the benchmark has none.
 
 // ClusterCIDR is the pod network kube-proxy's rules treat as the
 // cluster's (testnet's pod network).
 const ClusterCIDR = "10.244.0.0/16"
+
+// ServiceCIDR is the service range of the references' cluster, which
+// kube-proxy 1.36 learns from the cluster's ServiceCIDR objects (the
+// MultiCIDRServiceAllocator feature, locked on since 1.34) and drops
+// traffic to when no service took the address: kubeadm's default range,
+// which holds every generated cluster IP and [TargetIP].
+const ServiceCIDR = "10.96.0.0/12"
 
 // NFTTable is the table of the kube-proxy nftables reference.
 const NFTTable = "kube-proxy"
@@ -82,8 +108,70 @@ func nftEndpoint(w *strings.Builder, s Service, ep netip.Addr) {
 	fmt.Fprintf(w, "add rule ip %s %s meta l4proto tcp dnat to %s:%d\n", NFTTable, c, ep, TargetPort)
 }
 
+// nftFilter writes the filter side of kube-proxy 1.36's nftables table:
+// the maps its check chains look up, the check chains, the base chains
+// and their jumps, in the order of kube-proxy's jump list (so
+// service-endpoints-check runs before cluster-ips-check in
+// filter-forward and filter-output). Chain priorities are numbers, as
+// knftables writes them: dstnat-10 (-110) for the pre-DNAT chains,
+// filter (0) for the others.
+// The cluster-ips set it reads is declared by the caller.
+func nftFilter(w *strings.Builder) {
+	t := NFTTable
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	p("add map ip %s no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }", t)
+	p("add map ip %s no-endpoint-nodeports { type inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to service nodeports with no endpoints\" ; }", t)
+	p("add map ip %s firewall-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"destinations that are subject to LoadBalancerSourceRanges\" ; }", t)
+	for _, c := range nftCheckChains {
+		p("add chain ip %s %s", t, c)
+	}
+	p("add chain ip %s reject-chain { comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }", t)
+	p("add rule ip %s reject-chain reject", t)
+	p("add rule ip %s cluster-ips-check ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"", t)
+	p("add rule ip %s cluster-ips-check ip daddr { %s } drop comment \"Drop traffic to unallocated ClusterIPs\"", t, ServiceCIDR)
+	p("add rule ip %s service-endpoints-check ip daddr . meta l4proto . th dport vmap @no-endpoint-services", t)
+	p("add rule ip %s nodeport-endpoints-check ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @no-endpoint-nodeports", t)
+	p("add rule ip %s firewall-check ip daddr . meta l4proto . th dport vmap @firewall-ips", t)
+	for _, bc := range nftFilterChains {
+		p("add chain ip %s %s { type filter hook %s priority %s ; }", t, bc.name, bc.hook, bc.priority)
+	}
+	for _, j := range []struct{ to, from string }{
+		{"nodeport-endpoints-check", "filter-input"},
+		{"service-endpoints-check", "filter-input"},
+		{"service-endpoints-check", "filter-forward"},
+		{"service-endpoints-check", "filter-output"},
+		{"firewall-check", "filter-prerouting-pre-dnat"},
+		{"firewall-check", "filter-output-pre-dnat"},
+		{"cluster-ips-check", "filter-forward"},
+		{"cluster-ips-check", "filter-output"},
+	} {
+		p("add rule ip %s %s ct state new jump %s", t, j.from, j.to)
+	}
+}
+
+// nftBaseChain is a base chain of the kube-proxy nftables reference: its
+// name, netfilter hook and numeric priority.
+type nftBaseChain struct{ name, hook, priority string }
+
+// nftFilterChains are the filter base chains of kube-proxy 1.36's
+// nftables table.
+var nftFilterChains = []nftBaseChain{
+	{"filter-prerouting-pre-dnat", "prerouting", "-110"},
+	{"filter-output-pre-dnat", "output", "-110"},
+	{"filter-input", "input", "0"},
+	{"filter-forward", "forward", "0"},
+	{"filter-output", "output", "0"},
+}
+
+// nftCheckChains are the regular chains the filter base chains jump to.
+var nftCheckChains = []string{"nodeport-endpoints-check", "service-endpoints-check", "firewall-check", "cluster-ips-check"}
+
 // KubeProxyNFT returns kube-proxy's nftables rule set for svcs, an `nft
-// -f` script.
+// -f` script: the NAT side described in this file's comment, and the
+// filter side of kube-proxy 1.36, whose base chains run on every packet
+// of a new connection (in a one-way UDP flood, every datagram); the
+// cluster-ips set holds every cluster IP, the no-endpoint and firewall
+// maps stay empty.
 func KubeProxyNFT(svcs []Service) string {
 	var w strings.Builder
 	t := NFTTable
@@ -106,6 +194,7 @@ func KubeProxyNFT(svcs []Service) string {
 	fmt.Fprintf(&w, "add rule ip %s nat-output jump services\n", t)
 	fmt.Fprintf(&w, "add chain ip %s nat-postrouting { type nat hook postrouting priority 100 ; }\n", t)
 	fmt.Fprintf(&w, "add rule ip %s nat-postrouting jump masquerading\n", t)
+	nftFilter(&w)
 	for _, s := range svcs {
 		for _, ep := range s.Endpoints {
 			nftEndpoint(&w, s, ep)
@@ -216,12 +305,58 @@ func iptEndpointRules(w *strings.Builder, s Service, ep netip.Addr) {
 	fmt.Fprintf(w, "-A %s -m comment --comment %s -m tcp -p tcp -j DNAT --to-destination %s:%d\n", sep, s.portName(), ep, TargetPort)
 }
 
-// KubeProxyIPTables returns the nat table kube-proxy's iptables mode
-// writes for svcs on its first sync, an `iptables-restore --noflush`
-// input, with the jumps from the built-in chains (which kube-proxy adds
-// with `iptables -I` before) appended.
+// iptFilter writes the filter table kube-proxy 1.36's iptables mode
+// writes on every sync, full or partial, for services that all have
+// endpoints, no load balancer and no health check node port: its
+// chains, KUBE-FIREWALL's localnet rule (written with the default
+// localhostNodePorts), KUBE-FORWARD's rules (the INVALID drop is written
+// while nf_conntrack_tcp_be_liberal is 0, the default), and, with jumps,
+// the jumps from the built-in chains, which kube-proxy adds before its
+// first restore with `iptables -I` (each put first, so they end up in
+// the reverse of the order it adds them).
+func iptFilter(w *strings.Builder, jumps bool) {
+	w.WriteString("*filter\n")
+	for _, c := range []string{"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL", "KUBE-FIREWALL"} {
+		fmt.Fprintf(w, ":%s - [0:0]\n", c)
+	}
+	w.WriteString("-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n")
+	w.WriteString("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n")
+	w.WriteString("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n")
+	w.WriteString("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n")
+	if jumps {
+		const newConn = "-m conntrack --ctstate NEW "
+		for _, j := range []struct{ from, match, comment, to string }{
+			{"INPUT", "", "", "KUBE-FIREWALL"},
+			{"INPUT", newConn, "kubernetes load balancer firewall", "KUBE-PROXY-FIREWALL"},
+			{"INPUT", "", "kubernetes health check service ports", "KUBE-NODEPORTS"},
+			{"INPUT", newConn, "kubernetes externally-visible service portals", "KUBE-EXTERNAL-SERVICES"},
+			{"FORWARD", newConn, "kubernetes load balancer firewall", "KUBE-PROXY-FIREWALL"},
+			{"FORWARD", "", "kubernetes forwarding rules", "KUBE-FORWARD"},
+			{"FORWARD", newConn, "kubernetes service portals", "KUBE-SERVICES"},
+			{"FORWARD", newConn, "kubernetes externally-visible service portals", "KUBE-EXTERNAL-SERVICES"},
+			{"OUTPUT", "", "", "KUBE-FIREWALL"},
+			{"OUTPUT", newConn, "kubernetes load balancer firewall", "KUBE-PROXY-FIREWALL"},
+			{"OUTPUT", newConn, "kubernetes service portals", "KUBE-SERVICES"},
+		} {
+			c := ""
+			if j.comment != "" {
+				c = fmt.Sprintf("-m comment --comment \"%s\" ", j.comment)
+			}
+			fmt.Fprintf(w, "-A %s %s%s-j %s\n", j.from, j.match, c, j.to)
+		}
+	}
+	w.WriteString("COMMIT\n")
+}
+
+// KubeProxyIPTables returns the filter and nat tables kube-proxy's
+// iptables mode writes for svcs on its first sync, an `iptables-restore
+// --noflush` input, with the jumps from the built-in chains (which
+// kube-proxy adds with `iptables -I` before) appended to each table's
+// rules. The filter table is the same for any services that all have
+// endpoints (see iptFilter).
 func KubeProxyIPTables(svcs []Service) string {
 	var w strings.Builder
+	iptFilter(&w, true)
 	w.WriteString("*nat\n")
 	for _, s := range svcs {
 		fmt.Fprintf(&w, ":%s - [0:0]\n", s.iptSvcChain())
@@ -251,10 +386,12 @@ func KubeProxyIPTables(svcs []Service) string {
 // when the endpoints of svcs[idx] change to updated's: the fixed chains
 // are rewritten in full (KUBE-SERVICES with every service's rule), the
 // changed service's chains are rewritten, new endpoint chains are
-// created and removed ones flushed and deleted. svcs is the state after
-// the change (svcs[idx] == updated), old the service before it.
+// created and removed ones flushed and deleted; the filter table is
+// rewritten whole, as on every sync. svcs is the state after the change
+// (svcs[idx] == updated), old the service before it.
 func KubeProxyIPTablesChange(svcs []Service, old, updated Service) string {
 	var w strings.Builder
+	iptFilter(&w, false)
 	w.WriteString("*nat\n")
 	had := map[netip.Addr]bool{}
 	for _, ep := range old.Endpoints {

@@ -71,8 +71,9 @@ func TestKubeProxyNFT(t *testing.T) {
 	svcs := Services(20, 3)
 	s := KubeProxyNFT(svcs)
 	// Per service: 3 endpoint chains and the service chain; every
-	// tenth also an external chain; plus the 6 fixed chains.
-	if n := strings.Count(s, "add chain "); n != 20*4+2+6 {
+	// tenth also an external chain; plus the 6 fixed NAT chains and
+	// the filter side's 5 base chains, 4 check chains and reject-chain.
+	if n := strings.Count(s, "add chain "); n != 20*4+2+6+10 {
 		t.Errorf("%d chains", n)
 	}
 	upd := svcs[5].WithEndpoint(0, ReplacementEndpoint(0))
@@ -94,8 +95,11 @@ func TestKubeProxyIPTables(t *testing.T) {
 	if n := strings.Count(s, "--probability"); n != 40 {
 		t.Errorf("%d probability rules", n)
 	}
-	if !strings.HasPrefix(s, "*nat\n") || !strings.HasSuffix(s, "COMMIT\n") {
-		t.Errorf("not a restore input")
+	if !strings.HasPrefix(s, "*filter\n") || !strings.Contains(s, "COMMIT\n*nat\n") || !strings.HasSuffix(s, "COMMIT\n") {
+		t.Errorf("not a restore input of the filter and nat tables")
+	}
+	if n := strings.Count(s, "-m conntrack --ctstate NEW "); n != 7 {
+		t.Errorf("%d jumps for new connections, want 7 (kube-proxy's filter jumps)", n)
 	}
 	upd := svcs[5].WithEndpoint(0, ReplacementEndpoint(0))
 	after := append([]Service(nil), svcs...)
@@ -104,6 +108,9 @@ func TestKubeProxyIPTables(t *testing.T) {
 	old := svcs[5].iptSepChain(svcs[5].Endpoints[0])
 	if !strings.Contains(tx, ":"+old+" - [0:0]\n") || !strings.Contains(tx, "-X "+old+"\n") {
 		t.Errorf("the removed endpoint's chain is not flushed and deleted:\n%s", tx)
+	}
+	if !strings.HasPrefix(tx, "*filter\n:KUBE-SERVICES - [0:0]\n") || strings.Contains(tx, "-A FORWARD ") {
+		t.Errorf("the partial sync does not rewrite the filter chains alone:\n%.1500s", tx)
 	}
 	if n := strings.Count(tx, "-A KUBE-SERVICES "); n != 21 {
 		t.Errorf("KUBE-SERVICES rewritten with %d rules, want 21", n)
