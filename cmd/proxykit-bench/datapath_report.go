@@ -357,7 +357,9 @@ func datapathMarkdown(rep *DatapathReport, o Options) string {
 	p("  without any rule: the ceiling of this machine. The kube-proxy layouts are `internal/scale`'s,\n")
 	p("  loaded with `nft -f` or `iptables-restore`, with the measured services' rules written the\n")
 	p("  same way (in the middle of KUBE-SERVICES and KUBE-NODEPORTS, which iptables walks for\n")
-	p("  every new connection to a node port).\n")
+	p("  every new connection to a node port); both have kube-proxy 1.36's filter side (its base\n")
+	p("  chains or INPUT/FORWARD/OUTPUT jumps, which run on every new flow: in a one-way UDP flood,\n")
+	p("  on every datagram) as well as the NAT side.\n")
 	if dpHasDSR(rep) {
 		p("- **Direct server return** (the DSR paths): node1 sends a flow to the endpoint inside IPIP\n")
 		p("  without SNAT; the client also has a link to node2 (its eth1: testnet's `ClientToNode2`),\n")
