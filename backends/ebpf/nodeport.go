@@ -179,6 +179,9 @@ type tcBackend struct {
 	badMode map[model.ServicePortName]bool
 	// rows builds and writes the Maglev tables of pk_nsmag.
 	rows *rowWriter
+	// nodeIP is the node's primary address the ranges were rendered
+	// with: ranges holding it admit the load-balancer IPs as sources.
+	nodeIP netip.Addr
 }
 
 // portKeys are the entries of the maps one service port holds: its
@@ -307,7 +310,12 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if t.plane == nil {
 		return errClosed
 	}
-	if t.st != nil && !req.Full && req.Changed != nil {
+	// Ranges depend on the node's address: a change (rare) renders
+	// every service port.
+	nodeIP := proxier.PrimaryNodeIP(t.plane.cfg.Config, req, t.family)
+	same := nodeIP == t.nodeIP
+	t.nodeIP = nodeIP
+	if t.st != nil && !req.Full && req.Changed != nil && same {
 		objErrs, err := t.syncChanged(req)
 		if err != nil {
 			t.st = nil
@@ -585,10 +593,13 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 			}
 		}
 		// kube-proxy admits the load-balancer IPs themselves as
-		// sources (a node reaching its VIP from the VIP).
-		for _, k := range ranged {
-			a := netip.AddrFrom16(k.Addr).Unmap()
-			add(netip.PrefixFrom(a, a.BitLen()))
+		// sources (a node reaching its VIP from the VIP) when the
+		// ranges hold the node's primary address.
+		if sp.SourceRangesHold(t.nodeIP) {
+			for _, k := range ranged {
+				a := netip.AddrFrom16(k.Addr).Unmap()
+				add(netip.PrefixFrom(a, a.BitLen()))
+			}
 		}
 	}
 	return pk
