@@ -31,11 +31,18 @@ import (
 // set that holds the fixed chains and want.
 func (b *backend) fingerprint(want [numTables]map[model.ServicePortName]*tableRules) string {
 	h := sha256.New()
+	// The lines go through a buffer: a Write per part converted each
+	// string (half of the hashing's time at 30,000 services).
+	buf := make([]byte, 0, 64<<10)
 	line := func(parts ...string) {
 		for _, p := range parts {
-			h.Write([]byte(p))
+			buf = append(buf, p...)
 		}
-		h.Write([]byte{'\n'})
+		buf = append(buf, '\n')
+		if len(buf) >= 60<<10 {
+			h.Write(buf)
+			buf = buf[:0]
+		}
 	}
 	for t := range numTables {
 		line("*", t.String())
@@ -68,6 +75,7 @@ func (b *backend) fingerprint(want [numTables]map[model.ServicePortName]*tableRu
 			}
 		}
 	}
+	h.Write(buf)
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:16])
 }

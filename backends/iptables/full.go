@@ -461,6 +461,40 @@ func (b *backend) readFingerprint(ctx context.Context) (string, error) {
 	return "", nil
 }
 
+// jumpsListed reports whether every jump from a built-in chain is in
+// place, from iptables -S of each built-in chain: the rule's arguments as
+// iptables prints them. iptables-nft's -C (alone or in a restore run)
+// also fetches every rule of the chain the rule jumps to, our dispatch
+// chain of one rule per service port: 0.26 s for 30,000 of them, where
+// -S of a built-in chain takes a few milliseconds. A jump printed
+// otherwise than rendered counts as missing: the sync lists the chains
+// and rewrites.
+func (b *backend) jumpsListed(ctx context.Context) (bool, error) {
+	listed := map[[2]string]map[string]bool{}
+	for _, j := range b.r.jumps() {
+		key := [2]string{j.table.String(), j.chain}
+		rules, ok := listed[key]
+		if !ok {
+			out, err := b.run.Command(ctx, "-t", key[0], "-S", key[1])
+			if err != nil {
+				return false, err
+			}
+			rules = map[string]bool{}
+			for l := range strings.Lines(out) {
+				if rest, ok := strings.CutPrefix(strings.TrimRight(l, "\n"), "-A "+key[1]+" "); ok {
+					rules[strings.Join(splitArgs(nil, rest), "\x00")] = true
+				}
+			}
+			listed[key] = rules
+		}
+		if !rules[strings.Join(j.rule, "\x00")] {
+			b.log.Info("a jump from a built-in chain is missing or differs", "table", key[0], "chain", key[1], "rule", strings.Join(j.rule, " "))
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // adoptSteps says whether adopt adopted, and how long its steps took.
 type adoptSteps struct {
 	ok bool
@@ -496,25 +530,35 @@ func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePo
 			}
 		}
 	}
-	// The jumps, checked in one run as a rewrite checks them first.
 	t0 := time.Now()
 	in := newInput(1024)
-	for t := range numTables {
-		in.begin(t)
-		for _, j := range b.r.jumps() {
-			if j.table == t {
-				in.line("-C ", j.chain, " ", restoreArgs(j.rule))
+	if have[tNAT] == nil && have[tFilter] == nil {
+		// The nft flavour: iptables -S of each built-in chain.
+		ok, err := b.jumpsListed(ctx)
+		steps.jumps = time.Since(t0)
+		if err != nil || !ok {
+			return steps, err
+		}
+	} else {
+		// The jumps, checked in one run as a rewrite checks them
+		// first.
+		for t := range numTables {
+			in.begin(t)
+			for _, j := range b.r.jumps() {
+				if j.table == t {
+					in.line("-C ", j.chain, " ", restoreArgs(j.rule))
+				}
 			}
+			in.commit()
 		}
-		in.commit()
-	}
-	err := b.restore(ctx, in.b)
-	steps.jumps = time.Since(t0)
-	if err != nil {
-		if _, ok := errors.AsType[*iptables.RestoreError](err); ok {
-			return steps, nil // a jump is missing: rewrite
+		err := b.restore(ctx, in.b)
+		steps.jumps = time.Since(t0)
+		if err != nil {
+			if _, ok := errors.AsType[*iptables.RestoreError](err); ok {
+				return steps, nil // a jump is missing: rewrite
+			}
+			return steps, err
 		}
-		return steps, err
 	}
 	st := newState()
 	st.svcs = want

@@ -810,6 +810,20 @@ func TestKernelChecksAdoptedChains(t *testing.T) {
 		}
 		b.Close()
 	}
+
+	// A jump from a built-in chain missing (found by iptables -S of
+	// the chain, not -C): not adopted, and the jump is back.
+	b = e.backend(model.IPv4, cfg)
+	j := b.r.jumps()[len(b.r.jumps())-1]
+	b.Close()
+	e.exec(append([]string{"iptables-nft", "-w", "-t", j.table.String(), "-D", j.chain}, j.rule...)...)
+	b = e.backend(model.IPv4, cfg)
+	mustSync(t, b, request(model.IPv4, svcs, nil))
+	if b.last.adopted || b.check != nil {
+		t.Errorf("adopted without the jump %s %v: %+v", j.chain, j.rule, b.last)
+	}
+	e.exec(append([]string{"iptables-nft", "-w", "-t", j.table.String(), "-C", j.chain}, j.rule...)...)
+	b.Close()
 }
 
 // TestKernelAdoptsLegacy: the legacy flavour, whose chains the first sync

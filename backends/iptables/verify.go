@@ -15,8 +15,9 @@ import (
 // what the sync would write, the jumps from the built-in chains are in
 // place, and the chains of ours in the kernel are exactly those the sync
 // would write (none missing, none left over). The first two cost a few
-// milliseconds (iptables -S of one chain, one iptables-restore of the -C
-// lines; iptables-nft fetches only the chains they name). The third needs
+// milliseconds (iptables -S of the fingerprint chain and of each
+// built-in chain; iptables-nft fetches only the chain it names). The
+// third needs
 // the list of the tables' chains, and the kernel's chain dump is
 // quadratic in the family's chains: every ~32 KB datagram of the dump
 // restarts its walk from the first chain (7.3 s of kernel time for
