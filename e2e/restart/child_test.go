@@ -17,6 +17,7 @@ import (
 
 	"github.com/proxykit/proxykit/backends"
 	"github.com/proxykit/proxykit/backends/ebpf"
+	"github.com/proxykit/proxykit/backends/iptables"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -43,6 +44,9 @@ type childParams struct {
 	// Cgroup, PinPath and PodNetNS are the eBPF backend's.
 	Cgroup, PinPath string
 	PodNetNS        []string
+	// IPTablesMode is the iptables backend's flavour (EnvIPTablesMode;
+	// empty: detected).
+	IPTablesMode string `json:",omitempty"`
 	// CPUProfile, when set, is a file the process writes a CPU profile
 	// of its start to (New, the source, the first sync) into.
 	CPUProfile string `json:",omitempty"`
@@ -68,6 +72,7 @@ func (p childParams) config(log *slog.Logger) backends.Config {
 		ClusterCIDRs: []netip.Prefix{testnet.PodNetwork(model.IPv4)},
 		Logger:       log,
 	}}
+	c.IPTables.Mode = iptables.Mode(p.IPTablesMode)
 	if p.Backend == "ebpf" {
 		c.EBPF = ebpf.Config{
 			CgroupPath:  p.Cgroup,

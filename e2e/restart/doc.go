@@ -28,5 +28,11 @@
 // profile of its start to DIR (restart-<backend>-<services>.cpu.pprof),
 // to read with `go tool pprof` and the test binary (go test -c).
 //
+// PROXYKIT_RESTART_IPTABLES_MODE=legacy (or nft) sets the iptables
+// backend's flavour, detected otherwise. After an adopting first sync of
+// the nft flavour the test keeps probing until the backend has listed
+// the adopted chains (which it does after the sync) and checks that the
+// listing agreed with them.
+//
 // Without root it skips, unless CI=true or PROXYKIT_REQUIRE_PRIVILEGED=1.
 package restart

@@ -40,6 +40,11 @@ const EnvScale = "PROXYKIT_RESTART_SCALE"
 // test binary).
 const EnvCPUProfile = "PROXYKIT_RESTART_CPUPROFILE"
 
+// EnvIPTablesMode, when set ("legacy" or "nft"), is the iptables
+// backend's flavour; by default the backend detects it (nft in a new
+// namespace where iptables-nft is installed).
+const EnvIPTablesMode = "PROXYKIT_RESTART_IPTABLES_MODE"
+
 const (
 	defaultScale = 5000
 	endpoints    = 10
@@ -112,6 +117,9 @@ func TestRestartAtScale(t *testing.T) {
 				testnet.RequireCommand(t, "iptables-restore")
 			}
 			r := &run{t: t, source: source, exe: exe, params: childParams{Backend: b, Source: src, SourceCache: cache, Services: n, Endpoints: endpoints}}
+			if b == "iptables" {
+				r.params.IPTablesMode = os.Getenv(EnvIPTablesMode)
+			}
 			r.restart()
 		})
 	}
@@ -288,6 +296,16 @@ func (r *run) restart() {
 	second := r.start("second")
 	rep, took = second.waitSynced(r.syncLimit())
 	time.Sleep(settle)
+	if strings.Contains(grep(second.logPath, "full sync"), "checked after the sync") {
+		// The iptables backend adopted the chains before listing them:
+		// the traffic goes on through that listing, and the test waits
+		// for its verdict.
+		listed := r.waitLog(second.logPath, "listed our chains", r.syncLimit())
+		t.Logf("the new process's check of the adopted chains (probing went on through it):\n%s", listed)
+		if !strings.Contains(listed, "leftOver=0 missing=0") || !strings.Contains(listed, "err=<nil>") {
+			t.Errorf("the check of the adopted chains did not agree with them")
+		}
+	}
 	stopProbe()
 	<-probing
 	broken += r.echo(conns, "new process synced")
@@ -595,6 +613,16 @@ func grep(path, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// waitLog waits up to limit for a line holding s in the log at path, and
+// returns the lines holding it ("" if none came).
+func (r *run) waitLog(path, s string, limit time.Duration) string {
+	for deadline := time.Now().Add(limit); ; time.Sleep(100 * time.Millisecond) {
+		if l := grep(path, s); l != "" || time.Now().After(deadline) {
+			return l
+		}
+	}
 }
 
 // tail returns the last n lines of the file at path.
