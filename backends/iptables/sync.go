@@ -185,7 +185,7 @@ func (b *backend) sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if req.State.Family != 0 && req.State.Family != b.fam {
 		return fmt.Errorf("iptables: %s backend got %s state", b.fam, req.State.Family)
 	}
-	b.collectCheck()
+	b.collectCheck(ctx)
 	if nodeIP := proxier.PrimaryNodeIP(b.cfg.Config, req, b.fam); nodeIP != b.r.nodeIP {
 		// Source ranges depend on it; a change is rare.
 		b.r.nodeIP = nodeIP

@@ -171,8 +171,9 @@ func (b *backend) stopCheck() {
 // no change interrupted, the state is forgotten: the sync lists the
 // chains itself and adopts only if they match, else rewrites everything.
 // A chain created or deleted by the syncs since the adoption is not held
-// against the kernel.
-func (b *backend) collectCheck() {
+// against the kernel, and what the listing found is looked up again by
+// name (GETCHAIN, up to maxConfirm chains) before it is believed.
+func (b *backend) collectCheck(ctx context.Context) {
 	c := b.check
 	if c == nil {
 		return
@@ -195,14 +196,33 @@ func (b *backend) collectCheck() {
 		var stray, missing []string
 		for t := range numTables {
 			now := b.ownChains(t, b.st.svcs[t])
+			var cands []string
 			for _, name := range c.stray[t] {
 				if !now[name] {
-					stray = append(stray, t.String()+" "+name)
+					cands = append(cands, name)
 				}
 			}
 			for _, name := range c.missing[t] {
 				if now[name] {
+					cands = append(cands, name)
+				}
+			}
+			// Confirmed one by one: a chain a sync created and deleted
+			// again while the dump ran (or deleted and created) is
+			// none of these now. Only this goroutine writes our
+			// chains.
+			exist, err := b.chainsExist(ctx, t, cands)
+			if err != nil {
+				b.log.Warn("could not look the chains the check found up; listing them again before trusting them", "err", err)
+				stray = append(stray, "?")
+				break
+			}
+			for _, name := range cands {
+				switch {
+				case now[name] && (exist == nil || !exist[name]):
 					missing = append(missing, t.String()+" "+name)
+				case !now[name] && (exist == nil || exist[name]):
+					stray = append(stray, t.String()+" "+name)
 				}
 			}
 		}
@@ -215,6 +235,23 @@ func (b *backend) collectCheck() {
 	}
 	b.st = nil
 	b.listFirst = true
+}
+
+// maxConfirm bounds the chains a check's verdict is confirmed for, one
+// GETCHAIN each; past it, the sync lists them all again.
+const maxConfirm = 1000
+
+// chainsExist reports which of chains table t holds; nil (none
+// confirmed) when there are too many of them or no kernel to ask.
+func (b *backend) chainsExist(ctx context.Context, t table, chains []string) (map[string]bool, error) {
+	if len(chains) == 0 || len(chains) > maxConfirm || b.run == nil {
+		return nil, nil
+	}
+	exist, ok, err := b.run.ChainsExist(ctx, t.String(), chains)
+	if !ok {
+		return nil, err
+	}
+	return exist, err
 }
 
 // chainLister lists the chains of each table, as

@@ -29,10 +29,7 @@ func (r *Runner) DeleteTableIfEmpty(ctx context.Context, table string) (bool, er
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	fam := uint8(unix.NFPROTO_IPV4)
-	if r.tools.Family == model.IPv6 {
-		fam = unix.NFPROTO_IPV6
-	}
+	fam := r.nftProto()
 	c, err := nftnl.Dial(r.ns)
 	if err != nil {
 		return false, fmt.Errorf("delete nf_tables table %s: %w", table, err)
@@ -76,10 +73,7 @@ func (r *Runner) chains(ctx context.Context, checked bool) (byTable map[string][
 	if r.tools.Flavour != NFT {
 		return nil, false, false, nil
 	}
-	fam := uint8(unix.NFPROTO_IPV4)
-	if r.tools.Family == model.IPv6 {
-		fam = unix.NFPROTO_IPV6
-	}
+	fam := r.nftProto()
 	c, err := nftnl.Dial(r.ns)
 	if err != nil {
 		return nil, false, true, fmt.Errorf("list chains: %w", err)
@@ -94,4 +88,36 @@ func (r *Runner) chains(ctx context.Context, checked bool) (byTable map[string][
 		return nil, false, true, fmt.Errorf("list chains: %w", err)
 	}
 	return byTable, interrupted, true, nil
+}
+
+// ChainsExist reports which of chains the table holds, for the nft
+// flavour: one GETCHAIN each, which costs the same however many chains
+// the table holds. ok is false for the legacy flavour.
+func (r *Runner) ChainsExist(ctx context.Context, table string, chains []string) (exist map[string]bool, ok bool, err error) {
+	if r.tools.Flavour != NFT {
+		return nil, false, nil
+	}
+	fam := r.nftProto()
+	c, err := nftnl.Dial(r.ns)
+	if err != nil {
+		return nil, true, fmt.Errorf("look chains up: %w", err)
+	}
+	defer c.Close()
+	exist = make(map[string]bool, len(chains))
+	for _, ch := range chains {
+		found, err := c.ChainExists(ctx, fam, table, ch)
+		if err != nil {
+			return nil, true, fmt.Errorf("look chain %s up: %w", ch, err)
+		}
+		exist[ch] = found
+	}
+	return exist, true, nil
+}
+
+// nftProto is the nf_tables family of the runner's IP family.
+func (r *Runner) nftProto() uint8 {
+	if r.tools.Family == model.IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
 }
