@@ -17,13 +17,13 @@ import (
 // would write (none missing, none left over). The first two cost a few
 // milliseconds (iptables -S of the fingerprint chain and of each
 // built-in chain; iptables-nft fetches only the chain it names). The
-// third needs
-// the list of the tables' chains, and the kernel's chain dump is
-// quadratic in the family's chains: every ~32 KB datagram of the dump
-// restarts its walk from the first chain (7.3 s of kernel time for
-// 332,000 chains, 30,000 services of 10 endpoints, on an idle 2-CPU
-// machine; more under load). A GETCHAIN per wanted chain would find a
-// missing chain in linear time, but not a left-over one.
+// third needs the list of the tables' chains, and the kernel's chain
+// dump is quadratic in the family's chains: every ~32 KB datagram of the
+// dump restarts its walk from the first chain (7.3 s for 332,000 empty
+// chains in a quiet namespace, 20-23 s for the chains of 30,000 services
+// of 10 endpoints in the restart test, on a shared 2-CPU machine). A
+// GETCHAIN per wanted chain would find a missing chain in linear time,
+// but not a left-over one.
 //
 // So the first sync of the nft flavour adopts on the fingerprint and the
 // jumps alone, reports success, and lists the chains afterwards, beside
@@ -32,7 +32,9 @@ import (
 // the syncs since did not create (left over: an interrupted rewrite of
 // another state, or a chain someone made), or one it holds that the
 // kernel lacks (deleted behind our back), and the backend forgets its
-// state: that sync lists the chains again in its own time and adopts only
+// state (after looking each such chain up by name: the kernel may have
+// changed since the dump passed it): that sync lists the chains again in
+// its own time and adopts only
 // if they match, else rewrites everything, deleting the left-over chains
 // and writing the missing ones (what the first sync did before). So does
 // a check that failed, or whose dumps a concurrent change interrupted
@@ -40,16 +42,18 @@ import (
 // trusting what was not checked.
 //
 // The trade-off: between the synced report and the sync after the check
-// (the check takes as long as the dump, ~7 s at 332,000 chains, and the
-// repair waits for the next sync, at the latest the periodic resync), a
+// (the check takes as long as the dump, and the repair waits for the
+// next sync, at the latest the periodic resync), a
 // left-over chain of ours stays in the kernel. Nothing of ours jumps to
 // it (the fingerprint covers every rule of our chains), so it carries no
 // traffic. A missing chain means rules of ours were deleted with it (the
 // kernel refuses to delete a chain a rule jumps to), which the
 // fingerprint cannot see either way: the service ports whose rules were
 // cut were already broken before the restart, and stay so until the
-// repair, a few seconds longer than when the first sync waited for the
-// dump. The legacy flavour has no chain dump: its first sync reads the
+// repair, which comes later than when the first sync waited for the
+// dump. A chain that a sync creates and deletes again during the dump
+// (endpoints come and go) is not reported: the chains the listing
+// found are looked up by name before the state is dropped. The legacy flavour has no chain dump: its first sync reads the
 // tables with iptables-legacy-save, which lists every chain anyway, and
 // checks the chain set before adopting, as before.
 
