@@ -36,9 +36,10 @@
 // last rewrite left says they hold what it would write (README.md says
 // what is trusted). The nft flavour adopts on the fingerprint and the
 // jumps alone and lists our chains after the sync, beside the following
-// syncs, because the kernel's chain dump is quadratic in the chains (7 s
-// at 30,000 services of 10 endpoints): a left-over or missing chain of
-// ours found then makes the next sync list them again and rewrite
+// syncs, because the kernel's chain dump is quadratic in the chains
+// (7-23 s at 30,000 services of 10 endpoints): a left-over or missing
+// chain of ours found then, and confirmed by name, makes the next sync
+// list them again and rewrite
 // everything, and so does a listing that failed. Until then a left-over
 // chain carries no traffic (nothing of ours jumps to it), and a missing
 // chain's service ports stay as broken as the restart found them
