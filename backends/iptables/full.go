@@ -58,7 +58,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 		read := time.Since(t0)
 		if saved != "" {
 			var unlisted [numTables]map[string]bool // checked after the sync
-			steps, err := b.adopt(ctx, want, unlisted, saved)
+			steps, err := b.adopt(ctx, want, unlisted, saved, nil)
 			if err != nil {
 				return fmt.Errorf("iptables: full sync: %w", err)
 			}
@@ -80,11 +80,16 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	jumps := [numTables]jumpMode{jumpsCheck, jumpsCheck}
 	saved := ""                    // the fingerprint our nat chains hold, as *-save lists it
 	var listed map[string][]string // the nft flavour's chains by table
+	var rules builtinRules         // the legacy flavour's built-in chains' rules, from *-save
 	t0 := time.Now()
 	if prev == nil {
 		var err error
-		if listed, _, err = b.run.Chains(ctx); err != nil {
+		var ok bool
+		if listed, ok, err = b.run.Chains(ctx); err != nil {
 			return fmt.Errorf("iptables: full sync: %w", err)
+		}
+		if !ok {
+			rules = builtinRules{}
 		}
 	}
 	for t := range numTables {
@@ -95,7 +100,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			var err error
 			var targets bool
 			var fp string
-			if chains, targets, fp, err = b.kernelChains(ctx, t, listed); err != nil {
+			if chains, targets, fp, err = b.kernelChains(ctx, t, listed, rules); err != nil {
 				return fmt.Errorf("iptables: full sync: %w", err)
 			}
 			if !targets {
@@ -110,7 +115,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	read := time.Since(t0)
 	jumpsFixed := false
 	if prev == nil && !tried && saved != "" && len(errs) == 0 && jumps == [numTables]jumpMode{jumpsCheck, jumpsCheck} {
-		if steps, err := b.adopt(ctx, want, have, saved); err != nil {
+		if steps, err := b.adopt(ctx, want, have, saved, rules); err != nil {
 			return fmt.Errorf("iptables: full sync: %w", err)
 		} else if steps.ok {
 			b.listFirst = false
@@ -386,7 +391,7 @@ func staleChains(have map[string]bool, want map[model.ServicePortName]*tableRule
 // nil), whether the table holds every chain of ours
 // that a built-in chain jumps to (so that the jumps may exist), and, for
 // nat, the comment of the fingerprint rule if there is one.
-func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][]string) (chains []string, targets bool, fingerprint string, err error) {
+func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][]string, rules builtinRules) (chains []string, targets bool, fingerprint string, err error) {
 	var out []byte
 	if listed != nil {
 		// The nft flavour: the chain list over netlink, and the
@@ -422,9 +427,14 @@ func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][
 	s.Buffer(nil, 1<<20)
 	for s.Scan() {
 		l := s.Bytes()
-		if t == tNAT && len(l) > 3 && l[0] == '-' && l[1] == 'A' && fingerprint == "" {
-			if fp, ok := b.savedFingerprint(string(l)); ok {
-				fingerprint = fp
+		if len(l) > 3 && l[0] == '-' && l[1] == 'A' {
+			if t == tNAT && fingerprint == "" {
+				if fp, ok := b.savedFingerprint(string(l)); ok {
+					fingerprint = fp
+				}
+			}
+			if rules != nil {
+				b.addBuiltin(rules, t, string(l))
 			}
 		}
 		if len(l) < 2 || l[0] != ':' {
@@ -461,33 +471,61 @@ func (b *backend) readFingerprint(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-// jumpsListed reports whether every jump from a built-in chain is in
-// place, from iptables -S of each built-in chain: the rule's arguments as
-// iptables prints them. iptables-nft's -C (alone or in a restore run)
-// also fetches every rule of the chain the rule jumps to, our dispatch
-// chain of one rule per service port: 0.26 s for 30,000 of them, where
-// -S of a built-in chain takes a few milliseconds. A jump printed
-// otherwise than rendered counts as missing: the sync lists the chains
-// and rewrites.
-func (b *backend) jumpsListed(ctx context.Context) (bool, error) {
-	listed := map[[2]string]map[string]bool{}
+// builtinRules holds the rules of the built-in chains that the jumps go
+// in, by table and chain, each as its arguments joined with NULs.
+type builtinRules map[[2]string]map[string]bool
+
+// add adds line, a rule of table t as *-save or -S prints it, if it is in
+// a built-in chain that holds a jump of ours.
+func (b *backend) addBuiltin(rules builtinRules, t table, line string) {
+	rest, ok := strings.CutPrefix(line, "-A ")
+	if !ok {
+		return
+	}
+	chain, args, _ := strings.Cut(rest, " ")
 	for _, j := range b.r.jumps() {
-		key := [2]string{j.table.String(), j.chain}
-		rules, ok := listed[key]
-		if !ok {
+		if j.table == t && j.chain == chain {
+			key := [2]string{t.String(), chain}
+			if rules[key] == nil {
+				rules[key] = map[string]bool{}
+			}
+			rules[key][strings.Join(splitArgs(nil, args), "\x00")] = true
+			return
+		}
+	}
+}
+
+// jumpsListed reports whether every jump from a built-in chain is in
+// place, from the rules of the built-in chains as iptables prints them:
+// rules, read from the legacy flavour's *-save output, or else iptables
+// -S of each built-in chain. iptables-nft's -C (alone or in a restore
+// run) also fetches every rule of the chain the rule jumps to, our
+// dispatch chain of one rule per service port: 0.26 s for 30,000 of them,
+// where -S of a built-in chain takes a few milliseconds; iptables-legacy
+// reads the whole table for each run (1.8 s for both tables at 30,000
+// services). A jump printed otherwise than rendered counts as missing:
+// the sync rewrites.
+func (b *backend) jumpsListed(ctx context.Context, rules builtinRules) (bool, error) {
+	if rules == nil {
+		rules = builtinRules{}
+		for _, j := range b.r.jumps() {
+			key := [2]string{j.table.String(), j.chain}
+			if _, ok := rules[key]; ok {
+				continue
+			}
 			out, err := b.run.Command(ctx, "-t", key[0], "-S", key[1])
 			if err != nil {
 				return false, err
 			}
-			rules = map[string]bool{}
+			rules[key] = map[string]bool{}
 			for l := range strings.Lines(out) {
-				if rest, ok := strings.CutPrefix(strings.TrimRight(l, "\n"), "-A "+key[1]+" "); ok {
-					rules[strings.Join(splitArgs(nil, rest), "\x00")] = true
-				}
+				b.addBuiltin(rules, j.table, strings.TrimRight(l, "\n"))
 			}
-			listed[key] = rules
 		}
-		if !rules[strings.Join(j.rule, "\x00")] {
+	}
+	for _, j := range b.r.jumps() {
+		key := [2]string{j.table.String(), j.chain}
+		if !rules[key][strings.Join(j.rule, "\x00")] {
 			b.log.Info("a jump from a built-in chain is missing or differs", "table", key[0], "chain", key[1], "rule", strings.Join(j.rule, " "))
 			return false, nil
 		}
@@ -506,9 +544,10 @@ type adoptSteps struct {
 // adopt makes want, which the nat table's fingerprint rule says the
 // kernel holds, the state, when our per-service chains are those of want
 // (have; nil when the caller checks them afterwards, see verify.go) and
-// the jumps from the built-in chains are in place. It reports whether it
-// did; an error means the kernel could not be asked.
-func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePortName]*tableRules, have [numTables]map[string]bool, saved string) (adoptSteps, error) {
+// the jumps from the built-in chains are in place (in rules, when the
+// caller read them, see jumpsListed). It reports whether it did; an
+// error means the kernel could not be asked.
+func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePortName]*tableRules, have [numTables]map[string]bool, saved string, rules builtinRules) (adoptSteps, error) {
 	var steps adoptSteps
 	start := time.Now()
 	fp := b.fingerprint(want)
@@ -531,41 +570,17 @@ func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePo
 		}
 	}
 	t0 := time.Now()
-	in := newInput(1024)
-	if have[tNAT] == nil && have[tFilter] == nil {
-		// The nft flavour: iptables -S of each built-in chain.
-		ok, err := b.jumpsListed(ctx)
-		steps.jumps = time.Since(t0)
-		if err != nil || !ok {
-			return steps, err
-		}
-	} else {
-		// The jumps, checked in one run as a rewrite checks them
-		// first.
-		for t := range numTables {
-			in.begin(t)
-			for _, j := range b.r.jumps() {
-				if j.table == t {
-					in.line("-C ", j.chain, " ", restoreArgs(j.rule))
-				}
-			}
-			in.commit()
-		}
-		err := b.restore(ctx, in.b)
-		steps.jumps = time.Since(t0)
-		if err != nil {
-			if _, ok := errors.AsType[*iptables.RestoreError](err); ok {
-				return steps, nil // a jump is missing: rewrite
-			}
-			return steps, err
-		}
+	ok, err := b.jumpsListed(ctx, rules)
+	steps.jumps = time.Since(t0)
+	if err != nil || !ok {
+		return steps, err
 	}
 	st := newState()
 	st.svcs = want
 	st.fingerprint = fp
 	b.st = st
 	b.lastRewrite = time.Now()
-	b.last = inputStats{full: true, adopted: true, sections: 1, lines: in.lines, bytes: len(in.b)}
+	b.last = inputStats{full: true, adopted: true}
 	b.log.Debug("adopted our chains", "fingerprint", fp, "duration", time.Since(start))
 	steps.ok = true
 	return steps, nil

@@ -872,7 +872,18 @@ func TestKernelAdoptsLegacy(t *testing.T) {
 	if got := e.answers(node, "10.96.3.5:80"); got != p11.Name {
 		t.Fatalf("after adopting: %s", got)
 	}
+	// The jumps are read from the same iptables-legacy-save output: one
+	// missing stops the adoption, and the rewrite puts it back.
+	j := b2.r.jumps()[0]
 	b2.Close()
+	e.exec(append([]string{"iptables-legacy", "-w", "-t", j.table.String(), "-D", j.chain}, j.rule...)...)
+	bj := e.backend(model.IPv4, cfg)
+	mustSync(t, bj, request(model.IPv4, []testSvc{a}, nil))
+	if bj.last.adopted {
+		t.Errorf("legacy: adopted without the jump %s %v", j.chain, j.rule)
+	}
+	e.exec(append([]string{"iptables-legacy", "-w", "-t", j.table.String(), "-C", j.chain}, j.rule...)...)
+	bj.Close()
 	e.exec("iptables-legacy", "-w", "-t", "nat", "-N", "PROXYKIT-SVC-HANDMADE")
 	b3 := e.backend(model.IPv4, cfg)
 	mustSync(t, b3, request(model.IPv4, []testSvc{a}, nil))
