@@ -82,7 +82,10 @@
 // endpoints, drop for Local without a local endpoint, ICMP
 // fragmentation needed for a packet too big for the route, and ICMP
 // errors about tracked flows translated as conntrack translates related
-// packets. Programs attach
+// packets. The node's own packets pass no tc program: for its sockets, a
+// load-balancer IP with source ranges is a node-only frontend of the
+// socket maps, admitted or dropped (EPERM) by the source the node's
+// routes give toward it at each sync of the service port. Programs attach
 // with tcx links (kernel 6.6+) or a clsact qdisc and a cls_bpf filter,
 // at every sync to the interfaces present then, known by index: an
 // interface deleted and created again gets its program at the next

@@ -540,6 +540,11 @@ func (t *socketTables) frontends() []proxier.Frontend {
 			f.Endpoints = p.eps
 		}
 		f.Detail = t.detail(k, v, p)
+		if v.Flags&svcNodeOnly != 0 {
+			// Non-nil: the maps apply source ranges (for the
+			// node's sockets, decided at the last sync).
+			f.SourceRanges = []netip.Prefix{}
+		}
 		out = append(out, f)
 	}
 	return out
@@ -610,6 +615,12 @@ func (t *socketTables) detail(k feKey, v svcVal, p picked) string {
 		b.WriteString(", no endpoint (ECONNREFUSED)")
 	default:
 		b.WriteString(", " + p.how)
+	}
+	if v.Flags&svcNodeOnly != 0 {
+		if v.Count == 0 && v.Flags&svcDrop != 0 {
+			b.WriteString(" (the node's source is outside the source ranges)")
+		}
+		b.WriteString(", the node's sockets only")
 	}
 	if p.missing > 0 {
 		fmt.Fprintf(&b, ", %d slots missing", p.missing)
@@ -691,6 +702,14 @@ func mergeParts(socket, packet []proxier.Frontend, composed bool) []proxier.Fron
 // mergeFrontend merges the socket programs' frontend s with the nftables
 // table's p of the same address, protocol and port.
 func mergeFrontend(s, p *proxier.Frontend) proxier.Frontend {
+	if s.SourceRanges != nil && p.SourceRanges != nil && s.Verdict == "drop" {
+		// A node-only frontend (north-south at tc) dropping the
+		// node's sockets, whose source is outside the ranges: the
+		// ranges at work, which p states for every source.
+		f := *p
+		f.Detail = "sockets: " + s.Detail + "; packets: " + p.Detail
+		return f
+	}
 	f := proxier.Frontend{Addr: p.Addr, Protocol: p.Protocol, Port: p.Port}
 	inP := newAddrSet(p.Endpoints)
 	for _, a := range s.Endpoints {
@@ -712,11 +731,17 @@ func mergeFrontend(s, p *proxier.Frontend) proxier.Frontend {
 	f.Verdict = mergeVerdicts(s.Verdict, p.Verdict)
 	f.Affinity = mergeAffinity(s, p)
 	f.Detail = "sockets: " + s.Detail + "; packets: " + p.Detail
-	if p.SourceRanges != nil {
+	switch {
+	case p.SourceRanges != nil && s.SourceRanges != nil:
+		// A node-only frontend admitting the node's sockets (their
+		// source is in the ranges); the pods' sockets pass to the
+		// packet path, which checks the ranges.
+		f.SourceRanges = p.SourceRanges
+	case p.SourceRanges != nil:
 		// The socket programs admit the node's and the pods' sockets
 		// whatever the ranges: not only the sources the ranges name
-		// (the programs never hold a load-balancer IP with ranges, so
-		// this is a fault to show).
+		// (the programs hold a load-balancer IP with ranges only as
+		// a node-only frontend, so this is a fault to show).
 		f.Detail += fmt.Sprintf("; the source ranges %v apply to packets only", p.SourceRanges)
 	}
 	return f

@@ -160,6 +160,42 @@ func TestMergeParts(t *testing.T) {
 	}
 }
 
+// TestMergeNodeOnly: a load-balancer IP with source ranges, north-south
+// at tc: the maps' node-only frontend (non-nil SourceRanges) that drops
+// the node reads as tc's frontend with its ranges; one that admits the
+// node merges as usual and keeps tc's ranges; a plain socket frontend
+// beside ranges loses them (the fault shows).
+func TestMergeNodeOnly(t *testing.T) {
+	a, b := netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("10.0.0.2:80")
+	ranges := []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	fe := func(port uint16, f proxier.Frontend) proxier.Frontend {
+		f.Addr, f.Protocol, f.Port = netip.MustParseAddr("192.0.2.1"), model.TCP, port
+		return f
+	}
+	socket := []proxier.Frontend{
+		fe(1, proxier.Frontend{Verdict: "drop", SourceRanges: []netip.Prefix{}}),
+		fe(2, proxier.Frontend{Endpoints: []netip.AddrPort{a, b}, SourceRanges: []netip.Prefix{}}),
+		fe(3, proxier.Frontend{Endpoints: []netip.AddrPort{a, b}}),
+	}
+	var packet []proxier.Frontend
+	for port := range uint16(3) {
+		packet = append(packet, fe(port+1, proxier.Frontend{Endpoints: []netip.AddrPort{a, b}, SourceRanges: ranges}))
+	}
+	want := proxier.Frontend{Endpoints: []netip.AddrPort{a, b}, SourceRanges: ranges}
+	for _, g := range mergeParts(socket, packet, true) {
+		d := want.Diff(g)
+		if g.Port == 3 {
+			if d == "" || !strings.Contains(g.Detail, "apply to packets only") {
+				t.Errorf("port 3: a plain socket frontend reads as ranged (%s)", g.Detail)
+			}
+			continue
+		}
+		if d != "" {
+			t.Errorf("port %d: %s (%s)", g.Port, d, g.Detail)
+		}
+	}
+}
+
 // inspectCase is a service port of TestInspectAgreesWithWant.
 type inspectCase struct {
 	name string

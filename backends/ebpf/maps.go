@@ -68,6 +68,11 @@ const svcDrop = 1
 // (pk_maglev4/6) rather than at random.
 const svcMaglev = 2
 
+// svcNodeOnly marks a frontend that applies to the sockets of the node's
+// own namespace only (a load-balancer IP with source ranges, north-south
+// at tc): other namespaces' sockets pass untranslated.
+const svcNodeOnly = 4
+
 type beKey struct {
 	ID   uint32
 	Slot uint32

@@ -112,13 +112,24 @@ func (s *svcState) group(id uint32) []netip.AddrPort {
 type frontend struct {
 	key      feKey
 	external bool
+	// nodeOnly marks a load-balancer IP with source ranges that only
+	// the node's own sockets reach through the maps (svcNodeOnly).
+	nodeOnly bool
 }
+
+// nodeRanges decides, with north-south at tc or XDP, whether the node's
+// own sockets may reach load-balancer IP lb of sp, which has
+// loadBalancerSourceRanges (kube-proxy checks the source of the node's
+// packets against the ranges). nil: such IPs get no socket frontend.
+type nodeRanges func(sp *model.ServicePort, lb netip.Addr) bool
 
 // frontends returns where sp is reached from a local socket. SCTP ports
 // have none: the socket programs leave SCTP to the nftables rules.
-// Load-balancer IPs with source ranges have none either: the ranges are
-// enforced by nftables on the packet path.
-func frontends(f model.IPFamily, sp *model.ServicePort) []frontend {
+// Load-balancer IPs with source ranges have none either (the ranges are
+// enforced by nftables on the packet path), unless ranged: then they are
+// node-only frontends (north-south at tc, where the node's own packets
+// pass no program; the pods' do, at their veth).
+func frontends(f model.IPFamily, sp *model.ServicePort, ranged bool) []frontend {
 	proto := protoNumber(sp.Protocol)
 	if proto == 0 {
 		return nil
@@ -135,10 +146,11 @@ func frontends(f model.IPFamily, sp *model.ServicePort) []frontend {
 			out = append(out, frontend{key: feKey{addr: ip.Unmap(), port: sp.Port, proto: proto}, external: true})
 		}
 	}
-	if len(sp.LoadBalancerSourceRanges) == 0 {
+	nodeOnly := len(sp.LoadBalancerSourceRanges) > 0
+	if !nodeOnly || ranged {
 		for _, ip := range sp.LoadBalancerIPs {
 			if f.Contains(ip) {
-				out = append(out, frontend{key: feKey{addr: ip.Unmap(), port: sp.Port, proto: proto}, external: true})
+				out = append(out, frontend{key: feKey{addr: ip.Unmap(), port: sp.Port, proto: proto}, external: true, nodeOnly: nodeOnly})
 			}
 		}
 	}
@@ -269,7 +281,15 @@ func (a *idAllocator) alloc() (uint32, error) {
 // render computes the state of one service port. prev is its previous
 // state (nil: none), whose group ids and slot layout are kept.
 func render(f model.IPFamily, sp *model.ServicePort, t *proxier.Targets, prev *svcState, ids *idAllocator) (*svcState, error) {
-	fes := frontends(f, sp)
+	return renderRanged(f, sp, t, prev, ids, nil)
+}
+
+// renderRanged is render that, with node set (north-south at tc or
+// XDP), gives each load-balancer IP with source ranges a node-only
+// frontend: the external group when node admits the node's sockets,
+// else a drop (EPERM).
+func renderRanged(f model.IPFamily, sp *model.ServicePort, t *proxier.Targets, prev *svcState, ids *idAllocator, node nodeRanges) (*svcState, error) {
+	fes := frontends(f, sp, node != nil)
 	s := &svcState{fes: make([]feEntry, 0, len(fes))}
 	if len(fes) == 0 {
 		return s, nil
@@ -319,6 +339,14 @@ func render(f model.IPFamily, sp *model.ServicePort, t *proxier.Targets, prev *s
 		v := svcVal{ID: g.id, Count: uint32(len(g.eps)), AffinitySec: aff}
 		if len(g.eps) == 0 && t.HasEndpoints {
 			v.Flags = svcDrop
+		}
+		if fe.nodeOnly {
+			v.Flags |= svcNodeOnly
+			if !node(sp, fe.key.addr) {
+				// Outside the ranges: kube-proxy drops the
+				// node's packets, whatever the endpoints.
+				v.Count, v.Flags = 0, svcDrop|svcNodeOnly
+			}
 		}
 		if _, dup := s.fe(fe.key); !dup {
 			s.fes = append(s.fes, feEntry{fe.key, v})

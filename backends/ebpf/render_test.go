@@ -129,11 +129,11 @@ func TestRecoverState(t *testing.T) {
 		{netip.IPv4Unspecified(), 30080, 6}: {ID: 7, Count: 2},
 	}
 	groups := map[uint32][]netip.AddrPort{7: aps("10.244.1.2:8080", "10.244.2.2:8080", "10.244.9.9:8080")}
-	s := recoverState(model.IPv4, sp, have, groups, map[uint32]bool{})
+	s := recoverState(model.IPv4, sp, have, groups, map[uint32]bool{}, false)
 	if s == nil || s.groups[0] == nil || s.groups[0].id != 7 || len(s.groups[0].eps) != 2 || s.groups[1] != nil {
 		t.Fatalf("recovered %+v, want group 7 with 2 slots", s)
 	}
-	if s := recoverState(model.IPv4, sp, have, groups, map[uint32]bool{7: true}); s != nil {
+	if s := recoverState(model.IPv4, sp, have, groups, map[uint32]bool{7: true}, false); s != nil {
 		t.Errorf("recovered a claimed group: %+v", s)
 	}
 	be := map[beKey]netip.AddrPort{{7, 0}: groups[7][0], {7, 1}: groups[7][1], {7, 3}: groups[7][2]}
@@ -191,5 +191,76 @@ func TestMapLayout(t *testing.T) {
 		if specs[name].Pinning != ebpf.PinByName {
 			t.Errorf("%s is not pinned by name", name)
 		}
+	}
+}
+
+// TestRenderNodeOnlyRanges: with north-south at tc (a nodeRanges
+// decision), a load-balancer IP with source ranges gets a frontend
+// flagged node-only: the external group when the node is admitted,
+// else a drop; without one (nftables north-south), no frontend. A
+// restart recovers the group from an admitted node-only frontend, not
+// from a drop.
+func TestRenderNodeOnlyRanges(t *testing.T) {
+	eps := []*model.Endpoint{
+		{Addr: netip.MustParseAddrPort("10.244.1.2:8080"), Ready: true, Serving: true, Local: true},
+		{Addr: netip.MustParseAddrPort("10.244.2.2:8080"), Ready: true, Serving: true},
+	}
+	lb, open := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")
+	sp := &model.ServicePort{
+		Name:                     backendtest.PortName("lb", "", model.TCP),
+		ClusterIP:                netip.MustParseAddr("10.96.0.1"),
+		Port:                     80,
+		Protocol:                 model.TCP,
+		LoadBalancerIPs:          []netip.Addr{lb, open},
+		LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
+	}
+	tg := &proxier.Targets{Internal: eps, External: eps, HasEndpoints: true}
+	key := func(a netip.Addr) feKey { return feKey{a, 80, 6} }
+	var ids idAllocator
+	s, err := render(model.IPv4, sp, tg, nil, &ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.fes) != 1 {
+		t.Fatalf("without a decision: frontends %+v, want the cluster IP alone", s.fes)
+	}
+	asked := map[netip.Addr]int{}
+	node := func(_ *model.ServicePort, a netip.Addr) bool { asked[a]++; return a == open }
+	s, err = renderRanged(model.IPv4, sp, tg, nil, &ids, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := s.groups[0]
+	if v, ok := s.fe(key(open)); !ok || v != (svcVal{ID: g.id, Count: 2, Flags: svcNodeOnly}) {
+		t.Errorf("admitted %v: %+v (found %t), want group %d of 2 slots, node-only", open, v, ok, g.id)
+	}
+	if v, ok := s.fe(key(lb)); !ok || v != (svcVal{ID: g.id, Flags: svcDrop | svcNodeOnly}) {
+		t.Errorf("outside the ranges %v: %+v (found %t), want a node-only drop", lb, v, ok)
+	}
+	if v, _ := s.fe(key(sp.ClusterIP)); v.Flags != 0 {
+		t.Errorf("cluster IP flagged %#x", v.Flags)
+	}
+	if asked[lb] != 1 || asked[open] != 1 {
+		t.Errorf("decisions asked %v, want each IP once", asked)
+	}
+	// A Service without ranges: its load-balancer IPs are plain.
+	plain := *sp
+	plain.LoadBalancerSourceRanges = nil
+	s, _ = renderRanged(model.IPv4, &plain, tg, nil, &ids, node)
+	if v, ok := s.fe(key(lb)); !ok || v.Flags != 0 || v.Count != 2 {
+		t.Errorf("no ranges: %+v (found %t), want a plain frontend", v, ok)
+	}
+	// Recovery after a restart: only the drop is left, so nothing is
+	// recovered from it; the admitted one gives its group.
+	groups := map[uint32][]netip.AddrPort{7: aps("10.244.1.2:8080", "10.244.2.2:8080")}
+	internalOnly := *sp
+	internalOnly.ClusterIP = netip.Addr{}
+	have := map[feKey]svcVal{key(lb): {ID: 7, Flags: svcDrop | svcNodeOnly}}
+	if r := recoverState(model.IPv4, &internalOnly, have, groups, map[uint32]bool{}, true); r != nil {
+		t.Errorf("recovered %+v from a node-only drop", r)
+	}
+	have[key(open)] = svcVal{ID: 7, Count: 2, Flags: svcNodeOnly}
+	if r := recoverState(model.IPv4, &internalOnly, have, groups, map[uint32]bool{}, true); r == nil || r.groups[1] == nil || r.groups[1].id != 7 || len(r.groups[1].eps) != 2 {
+		t.Errorf("recovered %+v, want group 7 of 2 slots", r)
 	}
 }

@@ -326,15 +326,16 @@ func (b *backend) renderAll(req *proxier.SyncRequest, k *kernelState) (*state, m
 	// there is nothing to recover.
 	recovering := old == nil && len(k.svc) > 0
 	claimed := map[uint32]bool{}
+	node := b.nodeRanges(req)
 	for _, e := range sortedServices(req.State.Services) {
 		name, sp := e.name, e.sp
 		var prev *svcState
 		if old != nil {
 			prev = old.svcs[name]
 		} else if recovering {
-			prev = recoverState(b.family, sp, k.svc, k.groups, claimed)
+			prev = recoverState(b.family, sp, k.svc, k.groups, claimed, node != nil)
 		}
-		s, err := render(b.family, sp, req.Targets[name], prev, &b.ids)
+		s, err := renderRanged(b.family, sp, req.Targets[name], prev, &b.ids, node)
 		if err == nil {
 			b.planTables(s, prev, b.selectionFor(sp))
 			err = st.admit(name, s, &b.cfg, b.family)
@@ -556,12 +557,13 @@ func (b *backend) syncIncremental(req *proxier.SyncRequest) error {
 	o := &ops{}
 	putSvc := map[feKey]bool{}
 	var stale []staleKey
+	node := b.nodeRanges(req)
 	for _, name := range names {
 		var s *svcState
 		sp, ok := req.State.Services[name]
 		if ok {
 			var err error
-			s, err = render(b.family, sp, req.Targets[name], old[name], &b.ids)
+			s, err = renderRanged(b.family, sp, req.Targets[name], old[name], &b.ids, node)
 			if err == nil {
 				b.planTables(s, old[name], b.selectionFor(sp))
 				err = st.admit(name, s, &b.cfg, b.family)
@@ -669,9 +671,11 @@ func (b *backend) destroyStale(stale []staleKey) {
 
 // recoverState rebuilds the previous state of sp from the maps, after a
 // restart: the groups its frontends point at, unless another service
-// port claimed them already.
-func recoverState(f model.IPFamily, sp *model.ServicePort, have map[feKey]svcVal, groups map[uint32][]netip.AddrPort, claimed map[uint32]bool) *svcState {
-	fes := frontends(f, sp)
+// port claimed them already. ranged says load-balancer IPs with source
+// ranges have (node-only) frontends; a node-only drop counts no slot of
+// its group, so it recovers none.
+func recoverState(f model.IPFamily, sp *model.ServicePort, have map[feKey]svcVal, groups map[uint32][]netip.AddrPort, claimed map[uint32]bool, ranged bool) *svcState {
+	fes := frontends(f, sp, ranged)
 	if len(fes) == 0 {
 		return nil
 	}
@@ -683,7 +687,7 @@ func recoverState(f model.IPFamily, sp *model.ServicePort, have map[feKey]svcVal
 				continue
 			}
 			v, ok := have[fe.key]
-			if !ok || claimed[v.ID] {
+			if !ok || claimed[v.ID] || (fe.nodeOnly && v.Count == 0) {
 				continue
 			}
 			eps := groups[v.ID]

@@ -68,15 +68,13 @@ func requireNoNetfilter(tb testing.TB, path string) {
 // missing.
 func tcSkips() map[string]string {
 	const (
-		sctp   = "SCTP at tc: bpf/nodeport.c handles TCP and UDP only (and the socket hooks never see SCTP)"
-		output = "the node's own output path at tc: no tc program runs on egress, so the node's own datagrams are neither checked nor translated"
+		sctp = "SCTP at tc: bpf/nodeport.c handles TCP and UDP only (and the socket hooks never see SCTP)"
 	)
 	return map[string]string{
-		"ClusterIP-SCTPInitDelivery-FromNode":  sctp,
-		"ClusterIP-SCTPInitDelivery-FromPod":   sctp,
-		"NodePort-FromClient":                  sctp + " (the case also sends an SCTP INIT to a node port)",
-		"Cleanup-RemovesEverything":            sctp + " (the case's rich state has an SCTP port)",
-		"Cleanup-ByNewInstance":                sctp + " (the case's rich state has an SCTP port)",
-		"LoadBalancerSourceRanges-NodeTraffic": output + " (the socket programs leave load-balancer IPs with source ranges to the packet path, which the node's own packets do not pass at tc)",
+		"ClusterIP-SCTPInitDelivery-FromNode": sctp,
+		"ClusterIP-SCTPInitDelivery-FromPod":  sctp,
+		"NodePort-FromClient":                 sctp + " (the case also sends an SCTP INIT to a node port)",
+		"Cleanup-RemovesEverything":           sctp + " (the case's rich state has an SCTP port)",
+		"Cleanup-ByNewInstance":               sctp + " (the case's rich state has an SCTP port)",
 	}
 }

@@ -24,7 +24,8 @@ volatile const __u8 udp_connect_passthrough = 0;
 /* The node's own network namespace (its cookie; 0: none): its UDP
  * sockets are refused at connect even with udp_connect_passthrough,
  * since no tc program sees the packets the node sends itself (north-
- * south at tc). */
+ * south at tc), and frontends flagged SVC_NODE_ONLY apply to its
+ * sockets alone. */
 volatile const __u64 node_netns = 0;
 /* Entries of a Maglev table (a prime): the value size of pk_maglev4/6
  * is 4 * maglev_size. */
@@ -53,6 +54,13 @@ struct svc6_key {
 /* A new pick takes the endpoint the group's Maglev table (pk_maglev4/6)
  * holds for the client's hash; without it, a random one. */
 #define SVC_MAGLEV 2
+/* The frontend applies to the sockets of the node's own namespace
+ * (node_netns) only: a load-balancer IP with source ranges, north-south
+ * at tc. The Go side decided at its last sync whether the node's source
+ * toward it is inside the ranges (a normal frontend) or not (count 0
+ * with SVC_DROP). Sockets of other namespaces (pods) pass untranslated;
+ * their packets meet the ranges at tc. */
+#define SVC_NODE_ONLY 4
 
 struct svc_val {
 	__u32 id;           /* endpoint group: key of pk_be4/pk_be6 */
@@ -469,7 +477,7 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx, int connect)
 	__be32 daddr = ctx->user_ip4;
 	__be16 dport = (__be16)ctx->user_port;
 	sv = lookup_svc4(daddr, dport, proto);
-	if (!sv)
+	if (!sv || ((sv->flags & SVC_NODE_ONLY) && netns != node_netns))
 		return 1;
 	v = verdict(select_ep(ctx, 0, 0, sv, netns, &e), connect, proto, netns);
 	if (v >= 0)
@@ -509,7 +517,7 @@ static __always_inline int xlate6(struct bpf_sock_addr *ctx, int connect)
 		sv = lookup_svc4(svc[3], dport, proto);
 	else
 		sv = lookup_svc6(svc, dport, proto);
-	if (!sv)
+	if (!sv || ((sv->flags & SVC_NODE_ONLY) && netns != node_netns))
 		return 1;
 	if (v4)
 		v = verdict(select_ep(ctx, 0, 1, sv, netns, &e), connect, proto, netns);
