@@ -179,16 +179,20 @@ type tcBackend struct {
 	badMode map[model.ServicePortName]bool
 	// rows builds and writes the Maglev tables of pk_nsmag.
 	rows *rowWriter
+	// gen counts the full renders, so that one finds the groups it did
+	// not lay out.
+	gen uint64
 	// nodeIP is the node's primary address the ranges were rendered
 	// with: ranges holding it admit the load-balancer IPs as sources.
 	nodeIP netip.Addr
 }
 
 // portKeys are the entries of the maps one service port holds: its
-// frontends, its groups' slots and its source ranges.
+// frontends, the ids of its groups that hold slots, its source ranges
+// and the ids of its Maglev tables.
 type portKeys struct {
 	fes    []nsfeKey
-	slots  []beKey
+	groups []uint32
 	ranges []nsrangeKey
 	tables []uint32
 }
@@ -207,12 +211,28 @@ type groupName struct {
 type nsGroup struct {
 	id  uint32
 	eps []netip.AddrPort
+	// gen is the tcBackend's gen when the group was last laid out.
+	gen uint64
 }
 
 // nsState is the contents of the maps of one family.
 type nsState struct {
-	fes    map[nsfeKey]nsfeVal
-	slots  map[beKey]nsbeVal
+	fes map[nsfeKey]nsfeVal
+	// slots are the endpoint slots of pk_nsbe by group id: slot i of a
+	// group at index i of its row. A group without slots has no row.
+	// One entry per group, not per slot: a full sync of 1 M slots spent
+	// most of its time inserting them one by one into a Go map.
+	slots map[uint32][]nsbeVal
+	// gaps, only in a state read from the kernel, mark the slots of a
+	// row that pk_nsbe lacks (true), for the rows that have any.
+	gaps map[uint32][]bool
+	// stray are the keys of pk_nsbe (read from the kernel) whose slot
+	// no row can hold (beyond MaxBackends): they are always deleted.
+	stray []beKey
+	// nslots counts the slots the rows hold (without gaps).
+	nslots int
+	// arena is where new rows are cut from (render sizes it).
+	arena  []nsbeVal
 	ranges map[nsrangeKey]uint8
 	// locals count the local slots of each endpoint of this node, which
 	// pk_nsloc holds (read from the kernel: 1 each).
@@ -228,14 +248,182 @@ type nsTable struct {
 	sum uint64
 }
 
-func newNSState() *nsState { return newNSStateSized(0, 0) }
+func newNSState() *nsState { return newNSStateSized(0, 0, 0) }
 
-// newNSStateSized returns an empty state whose frontend and slot maps
-// have room for fes and slots entries (a full sync of 1 M slots spent a
-// third of its time growing the slot map).
-func newNSStateSized(fes, slots int) *nsState {
-	return &nsState{fes: make(map[nsfeKey]nsfeVal, fes), slots: make(map[beKey]nsbeVal, slots), ranges: map[nsrangeKey]uint8{},
-		locals: map[nslocKey]int{}, tables: map[uint32]nsTable{}}
+// newNSStateSized returns an empty state with room for fes frontends,
+// groups rows of slots and slots slots in all.
+func newNSStateSized(fes, groups, slots int) *nsState {
+	return &nsState{fes: make(map[nsfeKey]nsfeVal, fes), slots: make(map[uint32][]nsbeVal, groups), arena: make([]nsbeVal, 0, slots),
+		ranges: map[nsrangeKey]uint8{}, locals: map[nslocKey]int{}, tables: map[uint32]nsTable{}}
+}
+
+// newRow returns a row of n slots, cut from the arena while it has room.
+func (st *nsState) newRow(n int) []nsbeVal {
+	if n > cap(st.arena)-len(st.arena) {
+		return make([]nsbeVal, n)
+	}
+	l := len(st.arena)
+	st.arena = st.arena[:l+n]
+	return st.arena[l : l+n : l+n]
+}
+
+// setRow makes row (no gaps) the slots of group id; an empty row
+// drops the group's.
+func (st *nsState) setRow(id uint32, row []nsbeVal) {
+	st.dropRow(id)
+	if len(row) > 0 {
+		st.slots[id] = row
+		st.nslots += len(row)
+	}
+}
+
+// dropRow removes the slots of group id.
+func (st *nsState) dropRow(id uint32) {
+	row, ok := st.slots[id]
+	if !ok {
+		return
+	}
+	st.nslots -= len(row)
+	if g, ok := st.gaps[id]; ok {
+		for _, gap := range g {
+			if gap {
+				st.nslots++
+			}
+		}
+		delete(st.gaps, id)
+	}
+	delete(st.slots, id)
+}
+
+// slot returns slot s of group id, and whether st holds it.
+func (st *nsState) slot(id, s uint32) (nsbeVal, bool) {
+	row := st.slots[id]
+	if int64(s) >= int64(len(row)) || st.gaps[id] != nil && st.gaps[id][s] {
+		return nsbeVal{}, false
+	}
+	return row[s], true
+}
+
+// slotReader builds the rows of a state from the slots of pk_nsbe,
+// which a read returns in any order: one Go map lookup a slot, in a map
+// of one entry a group.
+type slotReader struct {
+	st    *nsState
+	limit int
+	rows  map[uint32]*slotRow
+	// vals and has are where rows are cut from.
+	vals []nsbeVal
+	has  []bool
+}
+
+// slotRow is a row being read: has marks the slots read, n counts them.
+type slotRow struct {
+	vals []nsbeVal
+	has  []bool
+	n    int
+}
+
+// newSlotReader returns a reader of the slots of st, whose frontends
+// (read first) size the rows of their groups. A slot at or beyond limit
+// goes to st.stray.
+func newSlotReader(st *nsState, limit int) *slotReader {
+	r := &slotReader{st: st, limit: limit, rows: make(map[uint32]*slotRow, len(st.fes))}
+	for _, v := range st.fes {
+		if _, ok := r.rows[v.ID]; !ok && v.Count > 0 && int64(v.Count) <= int64(limit) {
+			row := &slotRow{}
+			row.vals, row.has = r.cut(int(v.Count))
+			r.rows[v.ID] = row
+		}
+	}
+	return r
+}
+
+// cut returns n zero slots and n false marks.
+func (r *slotReader) cut(n int) ([]nsbeVal, []bool) {
+	if n > cap(r.vals)-len(r.vals) {
+		size := max(n, 1<<14)
+		r.vals, r.has = make([]nsbeVal, 0, size), make([]bool, 0, size)
+	}
+	l := len(r.vals)
+	r.vals, r.has = r.vals[:l+n], r.has[:l+n]
+	return r.vals[l : l+n : l+n], r.has[l : l+n : l+n]
+}
+
+// add adds slot k with value v.
+func (r *slotReader) add(k beKey, v nsbeVal) {
+	if int64(k.Slot) >= int64(r.limit) {
+		r.st.stray = append(r.st.stray, k)
+		return
+	}
+	row := r.rows[k.ID]
+	if row == nil {
+		row = &slotRow{}
+		r.rows[k.ID] = row
+	}
+	s := int(k.Slot)
+	for len(row.vals) <= s {
+		row.vals, row.has = append(row.vals, nsbeVal{}), append(row.has, false)
+	}
+	if row.has[s] {
+		return // a key twice: the map holds one
+	}
+	row.vals[s], row.has[s] = v, true
+	row.n++
+}
+
+// finish puts the rows read into st: without the slots missing at their
+// end, with gaps for those missing before.
+func (r *slotReader) finish() {
+	st := r.st
+	for id, row := range r.rows {
+		if row.n == 0 {
+			continue
+		}
+		end := len(row.vals)
+		for !row.has[end-1] {
+			end--
+		}
+		st.slots[id] = row.vals[:end:end]
+		st.nslots += row.n
+		if row.n < end {
+			if st.gaps == nil {
+				st.gaps = map[uint32][]bool{}
+			}
+			gaps := make([]bool, end)
+			for i, h := range row.has[:end] {
+				gaps[i] = !h
+			}
+			st.gaps[id] = gaps
+		}
+	}
+	r.rows = nil
+}
+
+// diffSlots returns the slots of want that have lacks or holds
+// differently, and the keys of the slots have holds and want does not
+// (want has no gaps).
+func diffSlots(have, want *nsState) (putK []beKey, putV []nsbeVal, del []beKey) {
+	if n := want.nslots - have.nslots; n > 0 {
+		putK, putV = make([]beKey, 0, n), make([]nsbeVal, 0, n)
+	}
+	for id, w := range want.slots {
+		h, gaps := have.slots[id], have.gaps[id]
+		for i, v := range w {
+			if i < len(h) && (gaps == nil || !gaps[i]) && h[i] == v {
+				continue
+			}
+			putK, putV = append(putK, beKey{ID: id, Slot: uint32(i)}), append(putV, v)
+		}
+	}
+	for id, h := range have.slots {
+		gaps := have.gaps[id]
+		for i := len(want.slots[id]); i < len(h); i++ {
+			if gaps == nil || !gaps[i] {
+				del = append(del, beKey{ID: id, Slot: uint32(i)})
+			}
+		}
+	}
+	return putK, putV, append(del, have.stray...)
 }
 
 // tableOpsNS returns the Maglev tables that turn have's into want's: the
@@ -260,11 +448,14 @@ func (t *tcBackend) tableOpsNS(have, want *nsState) (put []*group, del []uint32)
 	return put, del
 }
 
-// addLocals adds sign for each local slot of slots to counts.
-func addLocals(counts map[nslocKey]int, slots map[beKey]nsbeVal, sign int) {
-	for _, v := range slots {
-		if v.Flags&nsbeLocal != 0 {
-			counts[nslocKey{Addr: v.Addr, Port: v.Port}] += sign
+// addLocals adds sign for each local slot of st (which has no gaps) to
+// counts.
+func addLocals(counts map[nslocKey]int, st *nsState, sign int) {
+	for _, row := range st.slots {
+		for _, v := range row {
+			if v.Flags&nsbeLocal != 0 {
+				counts[nslocKey{Addr: v.Addr, Port: v.Port}] += sign
+			}
 		}
 	}
 }
@@ -400,14 +591,15 @@ func (t *tcBackend) forget(name model.ServicePortName) {
 func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePortName]error, error) {
 	have, want := newNSState(), newNSState()
 	next := make(map[model.ServicePortName]*portKeys, len(req.Changed))
-	held := [2]int{len(t.st.fes), len(t.st.slots)}
+	held := [2]int{len(t.st.fes), t.st.nslots}
 	for name := range req.Changed {
 		if old := t.ports[name]; old != nil {
 			for _, k := range old.fes {
 				have.fes[k] = t.st.fes[k]
 			}
-			for _, k := range old.slots {
-				have.slots[k] = t.st.slots[k]
+			for _, id := range old.groups {
+				have.setRow(id, t.st.slots[id])
+				held[1] -= len(t.st.slots[id])
 			}
 			for _, k := range old.ranges {
 				have.ranges[k] = t.st.ranges[k]
@@ -416,7 +608,6 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 				have.tables[id] = t.st.tables[id]
 			}
 			held[0] -= len(old.fes)
-			held[1] -= len(old.slots)
 		}
 	}
 	objErrs := map[model.ServicePortName]error{}
@@ -442,7 +633,7 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 	// Endpoints of this node may serve several service ports: their
 	// pk_nsloc entries follow the count of local slots over all.
 	delta := maps.Clone(want.locals)
-	addLocals(delta, have.slots, -1)
+	addLocals(delta, have, -1)
 	var putL, delL []nslocKey
 	for k, d := range delta {
 		old := t.st.locals[k]
@@ -468,8 +659,8 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 			for _, k := range old.fes {
 				delete(t.st.fes, k)
 			}
-			for _, k := range old.slots {
-				delete(t.st.slots, k)
+			for _, id := range old.groups {
+				t.st.dropRow(id)
 			}
 			for _, k := range old.ranges {
 				delete(t.st.ranges, k)
@@ -480,7 +671,9 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 		}
 	}
 	maps.Copy(t.st.fes, want.fes)
-	maps.Copy(t.st.slots, want.slots)
+	for id, row := range want.slots {
+		t.st.setRow(id, row)
+	}
 	maps.Copy(t.st.ranges, want.ranges)
 	maps.Copy(t.st.tables, want.tables)
 	for name, pk := range next {
@@ -498,29 +691,41 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 // in name order; one that does not fit the maps is left out with an
 // ObjectError.
 func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.ServicePortName]*portKeys, map[model.ServicePortName]error) {
-	names := slices.SortedFunc(maps.Keys(req.State.Services), model.ServicePortName.Compare)
-	plans := make([]*portPlan, len(names))
-	var allFEs, allSlots int
-	for i, name := range names {
-		plans[i] = t.plan(req.State.Services[name], targetsOrNone(req.Targets[name]))
-		fes, slots := plans[i].size()
+	names := sortedServices(req.State.Services)
+	type planned struct {
+		tg *proxier.Targets
+		p  *portPlan
+	}
+	plans := make([]planned, len(names))
+	var allFEs, allGroups, allSlots int
+	for i, np := range names {
+		tg := targetsOrNone(req.Targets[np.name])
+		plans[i] = planned{tg, t.plan(np.sp, tg)}
+		fes, slots := plans[i].p.size()
 		allFEs += fes
 		allSlots += slots
+		allGroups += min(len(plans[i].p.eps[0]), 1) + min(len(plans[i].p.eps[1]), 1)
 	}
-	st := newNSStateSized(allFEs, allSlots)
+	st := newNSStateSized(allFEs, allGroups, allSlots)
+	if len(t.groups) == 0 {
+		t.groups = make(map[groupName]*nsGroup, allGroups)
+	}
 	ports := make(map[model.ServicePortName]*portKeys, len(req.State.Services))
 	objErrs := map[model.ServicePortName]error{}
-	for i, name := range names {
-		sp, tg := req.State.Services[name], targetsOrNone(req.Targets[name])
-		fes, slots := plans[i].size()
-		if err := t.fits(len(st.fes)+fes, len(st.slots)+slots); err != nil {
-			objErrs[name] = t.leave(name, err)
+	t.gen++
+	for i, np := range names {
+		pl := &plans[i]
+		fes, slots := pl.p.size()
+		if err := t.fits(len(st.fes)+fes, st.nslots+slots); err != nil {
+			objErrs[np.name] = t.leave(np.name, err)
 			continue
 		}
-		ports[name] = t.renderPort(st, name, sp, tg, plans[i])
+		ports[np.name] = t.renderPort(st, np.name, np.sp, pl.tg, pl.p)
 	}
-	for gn := range t.groups {
-		if _, ok := ports[gn.name]; !ok {
+	// The groups this render did not lay out belong to service ports
+	// that are gone or left out.
+	for gn, g := range t.groups {
+		if g.gen != t.gen {
 			delete(t.groups, gn)
 		}
 	}
@@ -536,7 +741,8 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 // port name to st and returns their keys. A group the port no longer
 // uses is forgotten.
 func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *model.ServicePort, tg *proxier.Targets, p *portPlan) *portKeys {
-	pk := &portKeys{}
+	fes, _ := p.size()
+	pk := &portKeys{fes: make([]nsfeKey, 0, fes)}
 	ranged := p.ranged
 	for _, role := range []struct {
 		external bool
@@ -549,9 +755,10 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 			delete(t.groups, gn)
 			continue
 		}
-		v := t.renderGroup(st, t.group(gn, role.want), role.eps)
-		for i := range v.Count {
-			pk.slots = append(pk.slots, beKey{ID: v.ID, Slot: i})
+		g := t.group(gn, role.want)
+		v := t.renderGroup(st, g, role.eps)
+		if v.Count > 0 {
+			pk.groups = append(pk.groups, v.ID)
 		}
 		v.AffinitySec = affinitySec(sp)
 		if role.external && sp.ExternalLocal() {
@@ -560,7 +767,7 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 		if role.external && !sp.ExternalLocal() && t.dsr(name, sp) {
 			v.Flags |= nsfeDSR
 		}
-		if g := t.groups[gn]; t.maglev(sp) && len(g.eps) > 0 && len(g.eps) <= t.rows.m {
+		if t.maglev(sp) && len(g.eps) > 0 && len(g.eps) <= t.rows.m {
 			v.Flags |= nsfeMaglev
 			st.tables[g.id] = nsTable{eps: slices.Clone(g.eps)}
 			pk.tables = append(pk.tables, g.id)
@@ -628,14 +835,16 @@ func (t *tcBackend) renderGroup(st *nsState, g *nsGroup, eps []*model.Endpoint) 
 		}
 		return false
 	}
+	row := st.newRow(len(g.eps))
 	for i, ep := range g.eps {
 		v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
 		if isLocal(ep) {
 			v.Flags = nsbeLocal
 			st.locals[nslocKey{Addr: v.Addr, Port: v.Port}]++
 		}
-		st.slots[beKey{ID: g.id, Slot: uint32(i)}] = v
+		row[i] = v
 	}
+	st.setRow(g.id, row)
 	return nsfeVal{ID: g.id, Count: uint32(len(g.eps))}
 }
 
@@ -651,7 +860,12 @@ func (t *tcBackend) group(gn groupName, want []netip.AddrPort) *nsGroup {
 		g = &nsGroup{id: id}
 		t.groups[gn] = g
 	}
-	g.eps = layout(g.eps, want)
+	if len(g.eps) == 0 {
+		g.eps = want // the plan's own slice: layout would copy it
+	} else {
+		g.eps = layout(g.eps, want)
+	}
+	g.gen = t.gen
 	return g
 }
 
@@ -702,11 +916,13 @@ func (t *tcBackend) readKernel() (*nsState, error) {
 		}
 	})
 	if err == nil {
+		r := newSlotReader(st, t.plane.cfg.MaxBackends)
 		err = readAll(t.plane.objs.PkNsbe, func(k beKey, v nsbeVal) {
 			if (k.ID&v6GroupBit != 0) == (t.family == model.IPv6) {
-				st.slots[k] = v
+				r.add(k, v)
 			}
 		})
+		r.finish()
 	}
 	if err == nil {
 		err = t.readRanges(st)
@@ -754,7 +970,7 @@ func (t *tcBackend) readRanges(st *nsState) error {
 // endpoints of this node that pk_nsloc gains and loses.
 func (t *tcBackend) write(have, want *nsState, putL, delL []nslocKey) error {
 	putFK, putFV, delF := diffMaps(have.fes, want.fes)
-	putBK, putBV, delB := diffMaps(have.slots, want.slots)
+	putBK, putBV, delB := diffSlots(have, want)
 	putRK, _, delR := diffMaps(have.ranges, want.ranges)
 	putT, delT := t.tableOpsNS(have, want)
 	o := t.plane.objs
@@ -794,7 +1010,7 @@ func (t *tcBackend) write(have, want *nsState, putL, delL []nslocKey) error {
 		return fmt.Errorf("ebpf: tc: %w", err)
 	}
 	if n := len(putFK) + len(putBK) + len(delF) + len(delB); n > 0 {
-		t.log.Debug("tc maps written", "frontends", len(want.fes), "slots", len(want.slots), "written", len(putFK)+len(putBK), "deleted", len(delF)+len(delB))
+		t.log.Debug("tc maps written", "frontends", len(want.fes), "slots", want.nslots, "written", len(putFK)+len(putBK), "deleted", len(delF)+len(delB))
 	}
 	return nil
 }
@@ -802,6 +1018,9 @@ func (t *tcBackend) write(have, want *nsState, putL, delL []nslocKey) error {
 // diffMaps returns the entries of want that have lacks or holds
 // differently, and the keys of have that want lacks.
 func diffMaps[K comparable, V comparable](have, want map[K]V) (putK []K, putV []V, del []K) {
+	if n := len(want) - len(have); n > 0 {
+		putK, putV = make([]K, 0, n), make([]V, 0, n)
+	}
 	for k, v := range want {
 		if h, ok := have[k]; !ok || h != v {
 			putK, putV = append(putK, k), append(putV, v)

@@ -64,7 +64,7 @@ func (st *nsState) frontends() []proxier.Frontend {
 		}
 		missing := 0
 		for s := range v.Count {
-			be, ok := st.slots[beKey{ID: v.ID, Slot: s}]
+			be, ok := st.slot(v.ID, s)
 			if !ok {
 				missing++
 				continue

@@ -1,8 +1,11 @@
 package ebpf
 
 import (
+	"cmp"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/proxykit/proxykit/model"
@@ -131,5 +134,68 @@ func TestTCMapsNameTheirConfigField(t *testing.T) {
 		if got := configField(name); got != want {
 			t.Errorf("configField(%s) = %q, want %q", name, got, want)
 		}
+	}
+}
+
+// TestNSSlotRows: slots read from the kernel in any order make rows with
+// gaps (and strays beyond the limit), whatever size the frontends'
+// counts gave them, and diffSlots writes what a
+// desired state adds or changes and deletes what it lacks.
+func TestNSSlotRows(t *testing.T) {
+	val := func(b byte) nsbeVal { return nsbeVal{Addr: [16]byte{15: b}, Port: [2]byte{0, b}} }
+	have := newNSState()
+	have.fes[nsfeKey{Port: [2]byte{0, 1}}] = nsfeVal{ID: 3, Count: 4}
+	have.fes[nsfeKey{Port: [2]byte{0, 2}}] = nsfeVal{ID: 3, Count: 4}
+	have.fes[nsfeKey{Port: [2]byte{0, 3}}] = nsfeVal{ID: 6, Count: 2}
+	r := newSlotReader(have, 8)
+	for _, e := range []struct {
+		id, slot uint32
+		v        byte
+	}{{1, 2, 12}, {2, 2, 22}, {1, 0, 10}, {2, 1, 21}, {3, 0, 30}, {2, 0, 20}, {1, 0, 99}, {4, 8, 40}} {
+		r.add(beKey{ID: e.id, Slot: e.slot}, val(e.v))
+	}
+	r.finish()
+	if have.nslots != 6 {
+		t.Errorf("nslots %d, want 6", have.nslots)
+	}
+	if got := slices.Sorted(maps.Keys(have.slots)); !slices.Equal(got, []uint32{1, 2, 3}) {
+		t.Errorf("rows %v, want [1 2 3]", got)
+	}
+	if got := slices.Sorted(maps.Keys(have.gaps)); !slices.Equal(got, []uint32{1}) {
+		t.Errorf("rows with gaps %v, want [1]", got)
+	}
+	for _, c := range []struct {
+		id, slot uint32
+		ok       bool
+		v        byte
+	}{{1, 0, true, 10}, {1, 1, false, 0}, {1, 2, true, 12}, {1, 3, false, 0}, {2, 1, true, 21}, {3, 0, true, 30}, {3, 1, false, 0}, {4, 8, false, 0}, {6, 0, false, 0}, {9, 0, false, 0}} {
+		if v, ok := have.slot(c.id, c.slot); ok != c.ok || ok && v != val(c.v) {
+			t.Errorf("slot %d/%d: %v %v, want %v %v", c.id, c.slot, v, ok, val(c.v), c.ok)
+		}
+	}
+	want := newNSStateSized(0, 3, 5)
+	want.setRow(1, []nsbeVal{val(10), val(11), val(13)})
+	want.setRow(2, []nsbeVal{val(20)})
+	want.setRow(5, []nsbeVal{val(50)})
+	want.setRow(6, nil)
+	if want.nslots != 5 || len(want.slots) != 3 {
+		t.Errorf("want holds %d slots in %d rows, want 5 in 3", want.nslots, len(want.slots))
+	}
+	putK, putV, del := diffSlots(have, want)
+	put := map[beKey]nsbeVal{}
+	for i, k := range putK {
+		put[k] = putV[i]
+	}
+	if wantPut := map[beKey]nsbeVal{{1, 1}: val(11), {1, 2}: val(13), {5, 0}: val(50)}; !maps.Equal(put, wantPut) || len(putK) != len(wantPut) {
+		t.Errorf("put %v, want %v", put, wantPut)
+	}
+	slices.SortFunc(del, func(a, b beKey) int { return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Slot, b.Slot)) })
+	if wantDel := []beKey{{2, 1}, {2, 2}, {3, 0}, {4, 8}}; !slices.Equal(del, wantDel) {
+		t.Errorf("delete %v, want %v", del, wantDel)
+	}
+	have.dropRow(1)
+	have.dropRow(7)
+	if _, ok := have.gaps[1]; have.nslots != 4 || ok {
+		t.Errorf("after dropping row 1: %d slots, gaps kept %v; want 4, false", have.nslots, ok)
 	}
 }
