@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/scale"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
@@ -84,9 +85,9 @@ func BenchmarkFullSync(b *testing.B) {
 					be := benchBackend(b, tn.Node1.Path(), cg, sel)
 					runtime.GC()
 					b.StartTimer()
-					c := cpuTime()
+					c := cputime.Process()
 					mustSync(b, be, req)
-					cpu += cpuTime() - c
+					cpu += cputime.Process() - c
 					b.StopTimer()
 					closeBench(b, be)
 					b.StartTimer()
@@ -96,25 +97,14 @@ func BenchmarkFullSync(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/resync/services=%d", sel, n), func(b *testing.B) {
 				be := benchBackend(b, tn.Node1.Path(), cg, sel)
 				mustSync(b, be, req)
-				c := cpuTime()
+				c := cputime.Process()
 				for b.Loop() {
 					mustSync(b, be, req)
 				}
-				b.ReportMetric(float64((cpuTime()-c).Milliseconds())/float64(b.N), "cpu-ms/op")
+				b.ReportMetric(float64((cputime.Process()-c).Milliseconds())/float64(b.N), "cpu-ms/op")
 			})
 		}
 	}
-}
-
-// cpuTime returns the CPU time (user and system) the process has used:
-// on a machine shared with other work, the cost of a sync that waiting
-// for a CPU does not inflate.
-func cpuTime() time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkEndpointChange: one endpoint of one service replaced, an

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -476,7 +477,7 @@ func BenchmarkInspect(b *testing.B) {
 			be := benchBackend(b, tn.Node1.Path(), cg, sel)
 			mustSync(b, be, req)
 			var n int
-			c := cpuTime()
+			c := cputime.Process()
 			for b.Loop() {
 				fs, err := be.Inspect(b.Context())
 				if err != nil {
@@ -484,7 +485,7 @@ func BenchmarkInspect(b *testing.B) {
 				}
 				n = len(fs)
 			}
-			b.ReportMetric(float64((cpuTime()-c).Milliseconds())/float64(b.N), "cpu-ms/op")
+			b.ReportMetric(float64((cputime.Process()-c).Milliseconds())/float64(b.N), "cpu-ms/op")
 			if n != 11000 {
 				b.Errorf("read %d frontends, want 11,000", n)
 			}

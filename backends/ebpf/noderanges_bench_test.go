@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/proxier"
 )
@@ -21,7 +22,7 @@ func BenchmarkRouteSource(b *testing.B) {
 	be := benchBackend(b, tn.Node1.Path(), emptyCgroup(b), proxier.SchedulerRandom)
 	base := netip.MustParseAddr("203.0.113.0").As4()
 	i := 0
-	c := cpuTime()
+	c := cputime.Process()
 	for b.Loop() {
 		a := base
 		a[3] = byte(i)
@@ -31,5 +32,5 @@ func BenchmarkRouteSource(b *testing.B) {
 			b.Fatalf("no route source toward %v", netip.AddrFrom4(a))
 		}
 	}
-	b.ReportMetric(float64((cpuTime()-c)/time.Microsecond)/float64(b.N), "cpu-us/op")
+	b.ReportMetric(float64((cputime.Process()-c)/time.Microsecond)/float64(b.N), "cpu-us/op")
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -56,9 +57,9 @@ func benchFullSyncLarge(b *testing.B, ns NorthSouth) {
 		var ms0, ms1 runtime.MemStats
 		runtime.ReadMemStats(&ms0)
 		b.StartTimer()
-		c := cpuTime()
+		c := cputime.Process()
 		mustSync(b, x, req)
-		cpu += float64((cpuTime() - c).Milliseconds())
+		cpu += float64((cputime.Process() - c).Milliseconds())
 		b.StopTimer()
 		runtime.ReadMemStats(&ms1)
 		alloc += ms1.TotalAlloc - ms0.TotalAlloc

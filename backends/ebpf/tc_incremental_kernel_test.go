@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/proxykit/proxykit/internal/backendtest"
+	"github.com/proxykit/proxykit/internal/cputime"
 	"github.com/proxykit/proxykit/internal/testnet"
 	"github.com/proxykit/proxykit/model"
 	"github.com/proxykit/proxykit/proxier"
@@ -175,12 +176,12 @@ func BenchmarkTCEndpointChange(b *testing.B) {
 			mustSync(b, x, request(model.IPv4, svcs, nil))
 			reqs := replacementRequests(svcs, n/2)
 			i := 0
-			c := cpuTime()
+			c := cputime.Process()
 			for b.Loop() {
 				mustSync(b, x, reqs[i%2])
 				i++
 			}
-			b.ReportMetric(float64((cpuTime()-c).Microseconds())/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(float64((cputime.Process()-c).Microseconds())/float64(b.N), "cpu-µs/op")
 		})
 	}
 }
