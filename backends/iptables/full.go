@@ -89,7 +89,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			return fmt.Errorf("iptables: full sync: %w", err)
 		}
 		if !ok {
-			rules = builtinRules{}
+			rules = b.newBuiltinRules()
 		}
 	}
 	for t := range numTables {
@@ -433,8 +433,12 @@ func (b *backend) kernelChains(ctx context.Context, t table, listed map[string][
 					fingerprint = fp
 				}
 			}
-			if rules != nil {
-				b.addBuiltin(rules, t, string(l))
+			// Only the rules of the built-in chains become strings
+			// (a million other rules at 30,000 services).
+			if rest := l[3:]; rules != nil {
+				if i := bytes.IndexByte(rest, ' '); i > 0 && rules[[2]string{t.String(), string(rest[:i])}] != nil {
+					addBuiltin(rules, t, string(l))
+				}
 			}
 		}
 		if len(l) < 2 || l[0] != ':' {
@@ -475,23 +479,26 @@ func (b *backend) readFingerprint(ctx context.Context) (string, error) {
 // in, by table and chain, each as its arguments joined with NULs.
 type builtinRules map[[2]string]map[string]bool
 
-// add adds line, a rule of table t as *-save or -S prints it, if it is in
-// a built-in chain that holds a jump of ours.
-func (b *backend) addBuiltin(rules builtinRules, t table, line string) {
+// newBuiltinRules returns builtinRules for the built-in chains our
+// jumps go in, empty.
+func (b *backend) newBuiltinRules() builtinRules {
+	rules := builtinRules{}
+	for _, j := range b.r.jumps() {
+		rules[[2]string{j.table.String(), j.chain}] = map[string]bool{}
+	}
+	return rules
+}
+
+// addBuiltin adds line, a rule of table t as *-save or -S prints it, if
+// it is in a built-in chain of rules.
+func addBuiltin(rules builtinRules, t table, line string) {
 	rest, ok := strings.CutPrefix(line, "-A ")
 	if !ok {
 		return
 	}
 	chain, args, _ := strings.Cut(rest, " ")
-	for _, j := range b.r.jumps() {
-		if j.table == t && j.chain == chain {
-			key := [2]string{t.String(), chain}
-			if rules[key] == nil {
-				rules[key] = map[string]bool{}
-			}
-			rules[key][strings.Join(splitArgs(nil, args), "\x00")] = true
-			return
-		}
+	if m, ok := rules[[2]string{t.String(), chain}]; ok {
+		m[strings.Join(splitArgs(nil, args), "\x00")] = true
 	}
 }
 
@@ -507,19 +514,20 @@ func (b *backend) addBuiltin(rules builtinRules, t table, line string) {
 // the sync rewrites.
 func (b *backend) jumpsListed(ctx context.Context, rules builtinRules) (bool, error) {
 	if rules == nil {
-		rules = builtinRules{}
+		rules = b.newBuiltinRules()
+		listed := map[[2]string]bool{}
 		for _, j := range b.r.jumps() {
 			key := [2]string{j.table.String(), j.chain}
-			if _, ok := rules[key]; ok {
+			if listed[key] {
 				continue
 			}
+			listed[key] = true
 			out, err := b.run.Command(ctx, "-t", key[0], "-S", key[1])
 			if err != nil {
 				return false, err
 			}
-			rules[key] = map[string]bool{}
 			for l := range strings.Lines(out) {
-				b.addBuiltin(rules, j.table, strings.TrimRight(l, "\n"))
+				addBuiltin(rules, j.table, strings.TrimRight(l, "\n"))
 			}
 		}
 	}
