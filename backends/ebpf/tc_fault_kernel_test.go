@@ -50,7 +50,7 @@ func testTCInterfaceReplaced(t *testing.T, f model.IPFamily, legacy bool) {
 	}
 	x.sync(svcs)
 	ext := ap(x.tn.Node1.ExternalIP(f), 30080)
-	x.reachesWithSource("tcp", ext, 8080, 8, x.p11, x.p21)
+	x.reachesWithSource("tcp", ext, 8080, 20, x.p11, x.p21)
 
 	const dev = "client" // node1's side of the veth to the client
 	old := x.ifindex(dev)

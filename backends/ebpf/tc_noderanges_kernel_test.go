@@ -39,12 +39,12 @@ func TestTCNodeOnlyRanges(t *testing.T) {
 		pod := x.pod3.IP(f)
 		x.sync(ranged(netip.PrefixFrom(pod, pod.BitLen())))
 		silent(x.node)
-		x.reaches(x.pod3, "tcp", d, 8080, 6, x.p11, x.p21)
+		x.reaches(x.pod3, "tcp", d, 8080, 20, x.p11, x.p21)
 
 		up := x.tn.Node1.UplinkIP(f)
 		next := ranged(netip.PrefixFrom(up, up.BitLen()))
 		x.sync(next, next[0].Port.Name) // an incremental sync decides again
-		x.reaches(x.node, "tcp", d, 8080, 6, x.p11, x.p21)
+		x.reaches(x.node, "tcp", d, 8080, 20, x.p11, x.p21)
 		silent(x.pod3)
 	})
 }
