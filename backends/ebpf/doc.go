@@ -121,8 +121,9 @@
 //
 // With Config.PinPath the tc and XDP links and the north-south maps
 // are pinned (tc_pin.go): a restart keeps established and new
-// connections. See README.md for what is not there yet (SCTP, the
-// node's own output path).
+// connections. SCTP from outside and from pods is served at tc (its
+// CRC32c updated on a port change). See README.md for what is not
+// there yet (SCTP from the node itself, the node's own output path).
 //
 // # Lifetimes and contracts
 //

@@ -199,13 +199,30 @@ type portKeys struct {
 
 var _ proxier.Backend = (*tcBackend)(nil)
 
-// groupName names the endpoint group of a service port's cluster IP
-// (external false) or external (node port, external and load-balancer
-// IP) traffic.
+// groupName names one of a service port's endpoint groups.
 type groupName struct {
-	name     model.ServicePortName
-	external bool
+	name model.ServicePortName
+	role groupRole
 }
+
+// groupRole says which traffic of a service port an endpoint group
+// receives.
+type groupRole uint8
+
+const (
+	// roleInternal: cluster IP traffic.
+	roleInternal groupRole = iota
+	// roleExternal: node port, external and load-balancer IP traffic.
+	roleExternal
+	// roleShort: what pods send to the external frontends of an
+	// externalTrafficPolicy Local service where their packets reach
+	// tc untranslated (kube-proxy's short circuit; nsfeKeyShort).
+	roleShort
+)
+
+// nsfeKeyShort is the Pad of a frontend's key whose entry holds its
+// short circuit (bpf/nodeport.h NSFE_KEY_SHORT).
+const nsfeKeyShort = 1
 
 // nsGroup is an endpoint group, in slot order.
 type nsGroup struct {
@@ -551,12 +568,15 @@ func (t *tcBackend) fits(fes, slots int) error {
 // computed once to admit the port and to render it.
 type portPlan struct {
 	internal, external, ranged []nsfeKey
-	eps                        [2][]netip.AddrPort
+	// short are the keys of the short circuit (roleShort).
+	short []nsfeKey
+	// eps are the distinct endpoints of each groupRole.
+	eps [3][]netip.AddrPort
 }
 
 // size returns the frontends and endpoint slots the plan holds.
 func (p *portPlan) size() (fes, slots int) {
-	return len(p.internal) + len(p.external) + len(p.ranged), len(p.eps[0]) + len(p.eps[1])
+	return len(p.internal) + len(p.external) + len(p.ranged) + len(p.short), len(p.eps[0]) + len(p.eps[1]) + len(p.eps[2])
 }
 
 // plan returns the plan of service port sp with targets tg.
@@ -568,6 +588,26 @@ func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) *portPlan {
 	}
 	if len(p.external) > 0 || len(p.ranged) > 0 {
 		p.eps[1] = addrs(tg.External)
+	}
+	if sp.ExternalLocal() {
+		// Pods' packets reach tc untranslated for load-balancer
+		// IPs with source ranges (the socket programs pass them)
+		// and for SCTP (which no socket program sees).
+		short := func(k nsfeKey) {
+			k.Pad = nsfeKeyShort
+			p.short = append(p.short, k)
+		}
+		for _, k := range p.ranged {
+			short(k)
+		}
+		if sp.Protocol == model.SCTP {
+			for _, k := range p.external {
+				short(k)
+			}
+		}
+		if len(p.short) > 0 {
+			p.eps[2] = addrs(tg.ShortCircuit())
+		}
 	}
 	return p
 }
@@ -581,8 +621,9 @@ func (t *tcBackend) leave(name model.ServicePortName, err error) error {
 
 // forget drops the groups of service port name.
 func (t *tcBackend) forget(name model.ServicePortName) {
-	delete(t.groups, groupName{name, false})
-	delete(t.groups, groupName{name, true})
+	for r := range roleShort + 1 {
+		delete(t.groups, groupName{name, r})
+	}
 }
 
 // syncChanged renders the Changed service ports of req, writes the
@@ -704,7 +745,9 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 		fes, slots := plans[i].p.size()
 		allFEs += fes
 		allSlots += slots
-		allGroups += min(len(plans[i].p.eps[0]), 1) + min(len(plans[i].p.eps[1]), 1)
+		for _, eps := range plans[i].p.eps {
+			allGroups += min(len(eps), 1)
+		}
 	}
 	st := newNSStateSized(allFEs, allGroups, allSlots)
 	if len(t.groups) == 0 {
@@ -745,13 +788,18 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 	pk := &portKeys{fes: make([]nsfeKey, 0, fes)}
 	ranged := p.ranged
 	for _, role := range []struct {
-		external bool
-		fes      []nsfeKey
-		eps      []*model.Endpoint
-		want     []netip.AddrPort
-	}{{false, p.internal, tg.Internal, p.eps[0]}, {true, p.external, tg.External, p.eps[1]}} {
-		gn := groupName{name, role.external}
-		if len(role.fes) == 0 && (!role.external || len(ranged) == 0) {
+		role groupRole
+		fes  []nsfeKey
+		eps  []*model.Endpoint
+		want []netip.AddrPort
+	}{
+		{roleInternal, p.internal, tg.Internal, p.eps[0]},
+		{roleExternal, p.external, tg.External, p.eps[1]},
+		{roleShort, p.short, tg.ShortCircuit(), p.eps[2]},
+	} {
+		external := role.role == roleExternal
+		gn := groupName{name, role.role}
+		if len(role.fes) == 0 && (!external || len(ranged) == 0) {
 			delete(t.groups, gn)
 			continue
 		}
@@ -761,10 +809,10 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 			pk.groups = append(pk.groups, v.ID)
 		}
 		v.AffinitySec = affinitySec(sp)
-		if role.external && sp.ExternalLocal() {
+		if external && sp.ExternalLocal() {
 			v.Flags |= nsfeLocal
 		}
-		if role.external && !sp.ExternalLocal() && t.dsr(name, sp) {
+		if external && !sp.ExternalLocal() && t.dsr(name, sp) {
 			v.Flags |= nsfeDSR
 		}
 		if t.maglev(sp) && len(g.eps) > 0 && len(g.eps) <= t.rows.m {
@@ -779,7 +827,7 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 			st.fes[k] = v
 			pk.fes = append(pk.fes, k)
 		}
-		if !role.external || len(ranged) == 0 {
+		if !external || len(ranged) == 0 {
 			continue
 		}
 		v.Flags |= nsfeRanges
@@ -869,14 +917,15 @@ func (t *tcBackend) group(gn groupName, want []netip.AddrPort) *nsGroup {
 	return g
 }
 
-// tcFrontends returns the frontends of sp served at tc, for TCP and
-// UDP: the cluster IP (internal: packets that reach the node for it
-// from outside, which no socket program saw), the node port on every
+// tcFrontends returns the frontends of sp served at tc, for TCP, UDP
+// and SCTP: the cluster IP (internal: packets that reach the node for
+// it from outside or from a pod's socket, which no socket program saw
+// or translated: every SCTP one), the node port on every
 // node address, external IPs and load-balancer IPs of the family
 // (external), and apart the load-balancer IPs with source ranges
 // (ranged, which serve the external endpoints too).
 func tcFrontends(f model.IPFamily, sp *model.ServicePort) (internal, external, ranged []nsfeKey) {
-	proto := protoNumber(sp.Protocol)
+	proto := sp.Protocol.Number()
 	if proto == 0 {
 		return nil, nil, nil
 	}

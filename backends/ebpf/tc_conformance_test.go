@@ -68,13 +68,9 @@ func requireNoNetfilter(tb testing.TB, path string) {
 // missing.
 func tcSkips() map[string]string {
 	const (
-		sctp = "SCTP at tc: bpf/nodeport.c handles TCP and UDP only (and the socket hooks never see SCTP)"
+		sctp = "SCTP from the node's own sockets: no tc program on the node's output path yet (the socket hooks never see SCTP)"
 	)
 	return map[string]string{
 		"ClusterIP-SCTPInitDelivery-FromNode": sctp,
-		"ClusterIP-SCTPInitDelivery-FromPod":  sctp,
-		"NodePort-FromClient":                 sctp + " (the case also sends an SCTP INIT to a node port)",
-		"Cleanup-RemovesEverything":           sctp + " (the case's rich state has an SCTP port)",
-		"Cleanup-ByNewInstance":               sctp + " (the case's rich state has an SCTP port)",
 	}
 }

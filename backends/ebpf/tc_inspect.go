@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -50,34 +51,32 @@ func (st *nsState) sourceRanges(id uint32) []netip.Prefix {
 	return out
 }
 
-// frontends decodes the frontends of st.
+// frontends decodes the frontends of st. A frontend's short circuit
+// (the entry of its key with Pad nsfeKeyShort) is folded into it: the
+// endpoints that only pods reach are its SomeSources.
 func (st *nsState) frontends() []proxier.Frontend {
 	out := make([]proxier.Frontend, 0, len(st.fes))
 	for k, v := range st.fes {
 		proto, ok := model.ProtocolOfNumber(k.Proto)
-		if !ok {
+		if !ok || k.Pad != 0 {
 			continue
 		}
 		f := proxier.Frontend{Protocol: proto, Port: port16(k.Port), Affinity: v.AffinitySec > 0}
 		if a := netip.AddrFrom16(k.Addr).Unmap(); !a.IsUnspecified() {
 			f.Addr = a
 		}
-		missing := 0
-		for s := range v.Count {
-			be, ok := st.slot(v.ID, s)
-			if !ok {
-				missing++
-				continue
-			}
-			f.Endpoints = append(f.Endpoints, netip.AddrPortFrom(netip.AddrFrom16(be.Addr).Unmap(), port16(be.Port)))
-		}
-		slices.SortFunc(f.Endpoints, netip.AddrPort.Compare)
-		f.Endpoints = slices.Compact(f.Endpoints)
-		switch {
-		case v.Count == 0 && v.Flags&nsfeDrop != 0:
-			f.Verdict = "drop"
-		case v.Count == 0:
-			f.Verdict = "reject"
+		var missing int
+		f.Endpoints, missing = st.endpoints(v)
+		f.Verdict = v.verdict()
+		short := k
+		short.Pad = nsfeKeyShort
+		sv, hasShort := st.fes[short]
+		if hasShort {
+			eps, m := st.endpoints(sv)
+			missing += m
+			f.Endpoints, f.SomeSources = splitEndpoints(f.Endpoints, eps)
+			// A verdict of either part meets some sources.
+			f.Verdict = cmp.Or(f.Verdict, sv.verdict())
 		}
 		pick := "random"
 		if v.Flags&nsfeMaglev != 0 {
@@ -100,10 +99,59 @@ func (st *nsState) frontends() []proxier.Frontend {
 			}
 			f.Detail += fmt.Sprintf(", source ranges in %s", mapNSRange)
 		}
+		if hasShort {
+			f.Detail += fmt.Sprintf(", pods by the short circuit: group %#x, %d slots", sv.ID, sv.Count)
+		}
 		if missing > 0 {
 			f.Detail += fmt.Sprintf(", %d slots missing", missing)
 		}
 		out = append(out, f)
 	}
 	return out
+}
+
+// endpoints returns the distinct endpoints of v's slots, sorted, and
+// how many of its slots the maps lack.
+func (st *nsState) endpoints(v nsfeVal) (eps []netip.AddrPort, missing int) {
+	for s := range v.Count {
+		be, ok := st.slot(v.ID, s)
+		if !ok {
+			missing++
+			continue
+		}
+		eps = append(eps, netip.AddrPortFrom(netip.AddrFrom16(be.Addr).Unmap(), port16(be.Port)))
+	}
+	slices.SortFunc(eps, netip.AddrPort.Compare)
+	return slices.Compact(eps), missing
+}
+
+// verdict is what a frontend of v does to new connections when it has
+// no endpoint: "drop", "reject", or "" when it has some.
+func (v nsfeVal) verdict() string {
+	switch {
+	case v.Count == 0 && v.Flags&nsfeDrop != 0:
+		return "drop"
+	case v.Count == 0:
+		return "reject"
+	}
+	return ""
+}
+
+// splitEndpoints returns the endpoints both a and b hold (every source
+// reaches them) and those only one holds (some sources do), sorted.
+func splitEndpoints(a, b []netip.AddrPort) (every, some []netip.AddrPort) {
+	for _, e := range a {
+		if slices.Contains(b, e) {
+			every = append(every, e)
+		} else {
+			some = append(some, e)
+		}
+	}
+	for _, e := range b {
+		if !slices.Contains(a, e) {
+			some = append(some, e)
+		}
+	}
+	slices.SortFunc(some, netip.AddrPort.Compare)
+	return every, some
 }

@@ -39,11 +39,11 @@ func testTCMaglev(t *testing.T, x *tcFixture) {
 	random.Port.NodePort = 30081
 	x.sync([]testSvc{mag, random})
 	tb := x.b.nft.(*tcBackend)
-	g := tb.groups[groupName{mag.Port.Name, true}]
+	g := tb.groups[groupName{mag.Port.Name, roleExternal}]
 	if g == nil || len(g.eps) != 3 {
 		t.Fatalf("external group of %s: %+v, want 3 endpoints", mag.Port.Name, g)
 	}
-	if rg := tb.groups[groupName{random.Port.Name, true}]; rg == nil || len(tb.st.tables) != 2 || tb.st.tables[rg.id].eps != nil {
+	if rg := tb.groups[groupName{random.Port.Name, roleExternal}]; rg == nil || len(tb.st.tables) != 2 || tb.st.tables[rg.id].eps != nil {
 		t.Fatalf("tables %v: want the two groups of %s alone", tb.st.tables, mag.Port.Name)
 	}
 	table := maglevTable(g.eps, tb.rows.m, nil)

@@ -89,7 +89,7 @@ func TestTCDSRFlag(t *testing.T) {
 
 // TestTCFrontends: cluster IP internal; node port, external IPs and
 // load-balancer IPs external; load-balancer IPs with source ranges
-// apart; SCTP nothing.
+// apart; SCTP the same, with its protocol number.
 func TestTCFrontends(t *testing.T) {
 	a := netip.MustParseAddr
 	sp := &model.ServicePort{
@@ -109,8 +109,46 @@ func TestTCFrontends(t *testing.T) {
 		t.Errorf("with source ranges: %d external, %d ranged, want 2, 1", len(ext), len(ranged))
 	}
 	sp.Protocol = model.SCTP
-	if in, ext, ranged = tcFrontends(model.IPv4, sp); len(in)+len(ext)+len(ranged) != 0 {
-		t.Errorf("SCTP got frontends")
+	in, ext, ranged = tcFrontends(model.IPv4, sp)
+	if len(in) != 1 || len(ext) != 2 || len(ranged) != 1 || in[0].Proto != 132 || ext[0].Proto != 132 || ranged[0].Proto != 132 {
+		t.Errorf("SCTP: %d internal, %d external, %d ranged frontends (%+v %+v %+v), want 1, 2, 1 of protocol 132", len(in), len(ext), len(ranged), in, ext, ranged)
+	}
+}
+
+// TestTCPlanShortCircuit: an externalTrafficPolicy Local port holds a
+// short circuit (the cluster-wide endpoints, under keys with Pad
+// nsfeKeyShort) for its load-balancer IPs with source ranges, and for
+// every external frontend when it is SCTP, whose pods' packets reach
+// tc untranslated; none with policy Cluster, nor for TCP frontends the
+// socket programs translate.
+func TestTCPlanShortCircuit(t *testing.T) {
+	a := netip.MustParseAddr
+	local := &model.Endpoint{Addr: netip.MustParseAddrPort("10.244.1.2:8080"), Local: true, Ready: true}
+	remote := &model.Endpoint{Addr: netip.MustParseAddrPort("10.244.2.2:8080"), Ready: true}
+	tg := &proxier.Targets{Internal: []*model.Endpoint{local, remote}, External: []*model.Endpoint{local}, HasEndpoints: true}
+	sp := &model.ServicePort{
+		ClusterIP: a("10.96.0.1"), Port: 80, Protocol: model.TCP, NodePort: 30080,
+		LoadBalancerIPs: []netip.Addr{a("203.0.113.2")}, ExternalPolicy: model.PolicyLocal,
+	}
+	b := &tcBackend{family: model.IPv4}
+	if p := b.plan(sp, tg); len(p.short) != 0 {
+		t.Errorf("TCP without ranges: %d short-circuit keys, want 0", len(p.short))
+	}
+	sp.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	p := b.plan(sp, tg)
+	if len(p.short) != 1 || p.short[0].Pad != nsfeKeyShort || p.short[0].Addr != mapped16(a("203.0.113.2")) {
+		t.Fatalf("TCP with ranges: short-circuit keys %+v, want the load-balancer IP's", p.short)
+	}
+	if len(p.eps[2]) != 2 {
+		t.Errorf("short circuit endpoints %v, want both", p.eps[2])
+	}
+	sp.Protocol = model.SCTP
+	if p := b.plan(sp, tg); len(p.short) != 2 {
+		t.Errorf("SCTP: %d short-circuit keys, want 2 (node port, ranged load-balancer IP)", len(p.short))
+	}
+	sp.ExternalPolicy = model.PolicyCluster
+	if p := b.plan(sp, tg); len(p.short) != 0 {
+		t.Errorf("policy Cluster: %d short-circuit keys, want 0", len(p.short))
 	}
 }
 

@@ -311,7 +311,8 @@ static __always_inline int related(struct __sk_buff *skb, struct pkt *p)
 		sa = in + 12;
 		da = in + 16;
 	}
-	if ((k.proto != IPPROTO_TCP && k.proto != IPPROTO_UDP) || bpf_skb_load_bytes(skb, inl4, ports, sizeof(ports)))
+	if ((k.proto != IPPROTO_TCP && k.proto != IPPROTO_UDP && k.proto != IPPROTO_SCTP) ||
+	    bpf_skb_load_bytes(skb, inl4, ports, sizeof(ports)))
 		return TC_ACT_UNSPEC;
 	k.dport = ports[0];
 	k.sport = ports[1];
@@ -473,7 +474,7 @@ static __always_inline int decap(struct __sk_buff *skb)
 	copy16(rk.daddr, client);
 	copy16(rv.saddr, fe);
 	copy16(rv.daddr, client);
-	if ((l4 != IPPROTO_TCP && l4 != IPPROTO_UDP) ||
+	if ((l4 != IPPROTO_TCP && l4 != IPPROTO_UDP && l4 != IPPROTO_SCTP) ||
 	    bpf_skb_load_bytes(skb, ETH_HLEN + 2 * hl, ports, sizeof(ports)))
 		return -1;
 	k.port = ports[1];

@@ -10,9 +10,9 @@
  * tc object's maps.
  *
  * Both families share the maps; IPv4 addresses are IPv4-mapped in the
- * 16-byte fields. Only TCP and UDP, IPv4 without fragments and IPv6
- * without extension headers, behind an Ethernet header, are handled;
- * every other packet goes on untouched.
+ * 16-byte fields. Only TCP, UDP and SCTP, IPv4 without fragments and
+ * IPv6 without extension headers, behind an Ethernet header, are
+ * handled; every other packet goes on untouched.
  *
  * The including file defines the context and how to reach its packet:
  *   CTX                                   struct __sk_buff or struct xdp_md
@@ -37,6 +37,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "mix.h"
+#include "crc32c.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -44,6 +45,7 @@
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define IPPROTO_ICMPV6 58
+#define IPPROTO_SCTP 132
 
 /* The first and last source port of SNATed flows (load-time
  * constants, Config.NorthSouthSNATPorts): by default outside the node's
@@ -66,8 +68,16 @@ struct nsfe_key {
 	__be32 addr[4];
 	__be16 port;
 	__u8 proto;
-	__u8 pad;
+	__u8 pad; /* 0, or NSFE_KEY_SHORT */
 };
+
+/* The key of a frontend of an externalTrafficPolicy Local service with
+ * pad NSFE_KEY_SHORT holds the endpoints that pods and the node reach
+ * through it (kube-proxy's short circuit to the cluster-wide ones),
+ * where the frontend's own entry holds the local ones, for sources
+ * outside. Only where pods' packets reach this datapath untranslated:
+ * load-balancer IPs with source ranges and SCTP. */
+#define NSFE_KEY_SHORT 1
 
 /* The frontend's endpoints have none on this node although the service
  * has some elsewhere (externalTrafficPolicy Local): drop. Without it,
@@ -313,7 +323,7 @@ struct iphdr6 {
 struct pkt {
 	struct tuple t;
 	__u32 l4off;   /* offset of the TCP or UDP header */
-	__u32 csumoff; /* offset of the L4 checksum */
+	__u32 csumoff; /* offset of the L4 checksum (SCTP: its CRC32c) */
 	__u8 v6;
 	__u8 ttl;
 	__u8 tos;
@@ -363,7 +373,7 @@ static __always_inline int parse_l4(CTX *ctx, struct pkt *p, __u8 proto)
 		p->t.proto = proto;
 		return 1;
 	}
-	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
 		return -1;
 	if (pk_load(ctx, p->l4off, ports, sizeof(ports)))
 		return -1;
@@ -372,7 +382,7 @@ static __always_inline int parse_l4(CTX *ctx, struct pkt *p, __u8 proto)
 	p->t.proto = proto;
 	p->t.sport = ports[0];
 	p->t.dport = ports[1];
-	p->csumoff = p->l4off + (proto == IPPROTO_TCP ? 16 : 6);
+	p->csumoff = p->l4off + (proto == IPPROTO_TCP ? 16 : proto == IPPROTO_UDP ? 6 : 8);
 	return 0;
 }
 
@@ -427,7 +437,8 @@ static __always_inline int same16(const __be32 a[4], const __be32 b[4])
 
 /* rewrite_addr replaces the address at off (the source or destination
  * of the IP header) and fixes the IPv4 header checksum and the L4
- * checksum (whose pseudo-header covers it). */
+ * checksum (whose pseudo-header covers it; SCTP's CRC32c covers no
+ * address). */
 static __always_inline int rewrite_addr(CTX *ctx, const struct pkt *p, __u32 off, const __be32 old[4],
 					const __be32 new[4])
 {
@@ -445,10 +456,12 @@ static __always_inline int rewrite_addr(CTX *ctx, const struct pkt *p, __u32 off
 			return -1;
 		if (pk_l3_csum(ctx, ETH_HLEN + 10, 0, diff, 0))
 			return -1;
-		if (pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
+		if (p->t.proto != IPPROTO_SCTP && pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
 			return -1;
 		return pk_store(ctx, off, &n[3], 4, 0);
 	}
+	if (p->t.proto == IPPROTO_SCTP)
+		return pk_store(ctx, off, n, 16, 0);
 	diff = bpf_csum_diff(o, 16, n, 16, 0);
 	if (diff < 0)
 		return -1;
@@ -469,6 +482,77 @@ static __always_inline int rewrite_port(CTX *ctx, const struct pkt *p, __u32 off
 	return pk_store(ctx, off, &new, sizeof(new), 0);
 }
 
+/* The CRC32c polynomial (SCTP's checksum, RFC 9260 appendix A),
+ * bit-reversed: bit 31 is x^0. */
+#define CRC32C_POLY 0x82f63b78
+
+/* crc32c_mask is all ones when bit 0 of v is set, else 0, hidden from
+ * the compiler: it would turn the masks below into branches, which
+ * multiply the paths the verifier walks. */
+static __always_inline __u32 crc32c_mask(__u32 v)
+{
+	__u32 m = -(v & 1);
+
+	barrier_var(m);
+	return m;
+}
+
+/* crc32c_mul returns a * b modulo the CRC32c polynomial, both in its
+ * bit-reversed form, without branches. */
+static __always_inline __u32 crc32c_mul(__u32 a, __u32 b)
+{
+	__u32 p = 0;
+
+	for (int i = 0; i < 32; i++) {
+		p ^= b & crc32c_mask(a >> (31 - i));
+		b = (b >> 1) ^ (CRC32C_POLY & crc32c_mask(b));
+	}
+	return p;
+}
+
+/* crc32c_delta returns how the CRC32c of a packet changes when its 4
+ * bytes at some offset, followed by n more bytes, change by the xor d
+ * (the 4 bytes as loaded from the packet, little-endian; n + 4 <
+ * 65536): the CRC, without pre- and post-inversion, of d followed by n
+ * zero bytes, which is d times x^32 (its own CRC) times x^(8n). The CRC
+ * is linear in the message, so the inversions of two messages of one
+ * length cancel out. A global function without branches: the verifier
+ * walks it once per program, on one path. */
+__attribute__((noinline)) __u32 crc32c_delta(__u32 d, __u32 n)
+{
+	__u32 k = n + 4;
+
+	return crc32c_mul(d, crc32c_mul(crc32c_x8k[k & 0xff], crc32c_x2048k[(k >> 8) & 0xff]));
+}
+
+/* rewrite_sctp_ports replaces an SCTP packet's ports with n's and
+ * updates its CRC32c by what the change does to it (crc32c_delta), as
+ * conntrack's NAT recomputes it: ports are the first 4 bytes of the
+ * packet's SCTP header, and the CRC covers that header (with the CRC
+ * field as zero) and the chunks after it. The CRC is stored
+ * little-endian: as a __u32 loaded on this little-endian target, it is
+ * the CRC's value. */
+static __always_inline int rewrite_sctp_ports(CTX *ctx, const struct pkt *p, const struct nat *n)
+{
+	__be16 ports[2] = { n->sport, n->dport };
+	__be16 was[2] = { p->t.sport, p->t.dport };
+	__u32 len = p->len - (p->l4off - ETH_HLEN); /* the SCTP packet's */
+	__u32 from, to, crc;
+
+	if (was[0] == ports[0] && was[1] == ports[1])
+		return 0;
+	if (len < 12 || len > 0xffff)
+		return -1;
+	__builtin_memcpy(&from, was, 4);
+	__builtin_memcpy(&to, ports, 4);
+	if (pk_load(ctx, p->csumoff, &crc, sizeof(crc)))
+		return -1;
+	crc ^= crc32c_delta(from ^ to, len - 4);
+	if (pk_store(ctx, p->l4off, ports, sizeof(ports), 0))
+		return -1;
+	return pk_store(ctx, p->csumoff, &crc, sizeof(crc), 0);
+}
+
 /* rewrite makes the packet's addresses and ports those of n. */
 static __always_inline int rewrite(CTX *ctx, const struct pkt *p, const struct nat *n)
 {
@@ -479,6 +563,8 @@ static __always_inline int rewrite(CTX *ctx, const struct pkt *p, const struct n
 		return -1;
 	if (!same16(p->t.daddr, n->daddr) && rewrite_addr(ctx, p, daddr, p->t.daddr, n->daddr))
 		return -1;
+	if (p->t.proto == IPPROTO_SCTP)
+		return rewrite_sctp_ports(ctx, p, n);
 	if (p->t.sport != n->sport && rewrite_port(ctx, p, p->l4off, p->t.sport, n->sport))
 		return -1;
 	if (p->t.dport != n->dport && rewrite_port(ctx, p, p->l4off + 2, p->t.dport, n->dport))
@@ -612,23 +698,32 @@ static __always_inline void reverse_of(const struct tuple *t, const struct nat *
 	rv->seen = now_units();
 }
 
-static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p);
+static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p, __u8 variant);
 __attribute__((noinline)) int still_in(__u32 id, __u32 count, const struct nsbe_val *ep);
+__attribute__((noinline)) int stale(const struct pkt *p, const struct nat *n);
 
 /* stale reports whether the UDP flow p, translated to n, goes to an
  * endpoint that left its frontend (or a frontend that is gone): its
  * next datagram is a new flow, as kube-proxy's conntrack cleanup makes
- * it. TCP flows keep their endpoint, as with kube-proxy. */
-static __always_inline int stale(const struct pkt *p, const struct nat *n)
+ * it. TCP and SCTP flows keep their endpoint, as with kube-proxy. A
+ * global function: the verifier walks its paths once, not on each path
+ * of tracked's callers. */
+__attribute__((noinline)) int stale(const struct pkt *p, const struct nat *n)
 {
-	if (p->t.proto != IPPROTO_UDP)
+	if (!p || !n || p->t.proto != IPPROTO_UDP)
 		return 0;
-	struct nsfe_val *fe = lookup_fe(p);
+	struct nsfe_val *fe = lookup_fe(p, 0);
 	if (!fe)
 		return 1;
 	struct nsbe_val ep = { .port = n->dport, .flags = 0 };
 	copy16(ep.addr, n->daddr);
-	return !still_in(fe->id, fe->count, &ep);
+	if (still_in(fe->id, fe->count, &ep))
+		return 0;
+	if (!(fe->flags & NSFE_LOCAL))
+		return 1;
+	/* A pod's flow may have gone by the short circuit. */
+	fe = lookup_fe(p, NSFE_KEY_SHORT);
+	return !fe || !still_in(fe->id, fe->count, &ep);
 }
 
 /* tracked finds the rewrite of a packet of a flow in pk_nsct, restoring
@@ -661,14 +756,15 @@ static __always_inline int tracked(CTX *ctx, const struct pkt *p, struct nat *ou
 }
 
 /* lookup_fe finds the frontend of p's destination: the address itself,
- * or a node port when it is a node address. */
-static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p)
+ * or a node port when it is a node address; its entry for outside
+ * sources (variant 0) or its short circuit (NSFE_KEY_SHORT). */
+static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p, __u8 variant)
 {
 	struct nsfe_key k = {
 		.addr = { p->t.daddr[0], p->t.daddr[1], p->t.daddr[2], p->t.daddr[3] },
 		.port = p->t.dport,
 		.proto = p->t.proto,
-		.pad = 0,
+		.pad = variant,
 	};
 	struct nsfe_val *v = bpf_map_lookup_elem(&pk_nsfe, &k);
 
@@ -937,15 +1033,27 @@ static __always_inline int admitted(const struct nsfe_val *fe, const __be32 src[
  * (hairpin) is. */
 static __always_inline int frontend(CTX *ctx, const struct pkt *p, int from_pod, struct nat *out)
 {
-	struct nsfe_val *fe = lookup_fe(p);
+	struct nsfe_val *e = lookup_fe(p, 0);
 	struct nsbe_val ep = {};
 	struct nat n = {};
+	struct nsfe_val v;
+	const struct nsfe_val *fe = &v;
 	int snat;
 
-	if (!fe)
+	if (!e)
 		return -1;
-	if ((fe->flags & NSFE_RANGES) && !admitted(fe, p->t.saddr))
+	if ((e->flags & NSFE_RANGES) && !admitted(e, p->t.saddr))
 		return V_DROP;
+	v = *e;
+	if (from_pod && (v.flags & NSFE_LOCAL)) {
+		/* externalTrafficPolicy Local applies to sources outside
+		 * the cluster: a pod goes by the short circuit. (A copy on
+		 * the stack: two map value pointers would make the verifier
+		 * walk the rest twice.) */
+		struct nsfe_val *sc = lookup_fe(p, NSFE_KEY_SHORT);
+		if (sc)
+			v = *sc;
+	}
 	if (fe->count == 0 && (fe->flags & NSFE_DROP))
 		return V_DROP;
 	if (fe->count == 0)
