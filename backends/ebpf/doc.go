@@ -82,7 +82,8 @@
 // endpoints, drop for Local without a local endpoint, ICMP
 // fragmentation needed for a packet too big for the route, and ICMP
 // errors about tracked flows translated as conntrack translates related
-// packets. The node's own packets pass no tc program: for its sockets, a
+// packets. The node's own TCP and UDP packets pass no tc program (its
+// SCTP ones pk_tc_out, below): for its sockets, a
 // load-balancer IP with source ranges is a node-only frontend of the
 // socket maps, admitted or dropped (EPERM) by the source the node's
 // routes give toward it at each sync of the service port. Programs attach
@@ -121,9 +122,9 @@
 //
 // With Config.PinPath the tc and XDP links and the north-south maps
 // are pinned (tc_pin.go): a restart keeps established and new
-// connections. SCTP from outside and from pods is served at tc (its
-// CRC32c updated on a port change). See README.md for what is not
-// there yet (SCTP from the node itself, the node's own output path).
+// connections. SCTP is served at tc (its CRC32c updated on a port
+// change), the node's own SCTP packets by pk_tc_out at the egress of the
+// external interfaces. See README.md for what is not there yet.
 //
 // # Lifetimes and contracts
 //

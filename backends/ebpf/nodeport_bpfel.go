@@ -28,6 +28,7 @@ const (
 	nodeportMapPkNsrange    = "pk_nsrange"
 	nodeportMapPkNsrev      = "pk_nsrev"
 	nodeportProgPkTcExt     = "pk_tc_ext"
+	nodeportProgPkTcOut     = "pk_tc_out"
 	nodeportProgPkTcPod     = "pk_tc_pod"
 	nodeportVarNsMaglevSize = "ns_maglev_size"
 	nodeportVarSnatPortMax  = "snat_port_max"
@@ -77,6 +78,7 @@ type nodeportSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodeportProgramSpecs struct {
 	PkTcExt *ebpf.ProgramSpec `ebpf:"pk_tc_ext"`
+	PkTcOut *ebpf.ProgramSpec `ebpf:"pk_tc_out"`
 	PkTcPod *ebpf.ProgramSpec `ebpf:"pk_tc_pod"`
 }
 
@@ -169,12 +171,14 @@ type nodeportVariables struct {
 // It can be passed to loadNodeportObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodeportPrograms struct {
 	PkTcExt *ebpf.Program `ebpf:"pk_tc_ext"`
+	PkTcOut *ebpf.Program `ebpf:"pk_tc_out"`
 	PkTcPod *ebpf.Program `ebpf:"pk_tc_pod"`
 }
 
 func (p *nodeportPrograms) Close() error {
 	return _NodeportClose(
 		p.PkTcExt,
+		p.PkTcOut,
 		p.PkTcPod,
 	)
 }

@@ -149,13 +149,27 @@ type tcPlane struct {
 // full syncs (every 30 s by default) keep the figures fresh.
 const ctCountInterval = 10 * time.Second
 
-// tcAttachment is one program on one interface's ingress.
+// tcAttachment is one interface's programs: on its ingress, and on
+// the egress of an external one (pk_tc_out, the node's own packets).
 type tcAttachment struct {
 	ifindex int
 	name    string
 	ext     bool
-	link    link.Link          // tcx
-	filter  *netlink.BpfFilter // clsact
+	link    link.Link          // tcx, ingress
+	filter  *netlink.BpfFilter // clsact, ingress
+	out     link.Link          // tcx, egress
+	outF    *netlink.BpfFilter // clsact, egress
+}
+
+// links returns a's tcx links.
+func (a *tcAttachment) links() []link.Link {
+	var ls []link.Link
+	for _, l := range []link.Link{a.link, a.out} {
+		if l != nil {
+			ls = append(ls, l)
+		}
+	}
+	return ls
 }
 
 // ifaddrKey is the key of pk_ifaddr.
@@ -336,8 +350,8 @@ func (p *tcPlane) release() error {
 func (p *tcPlane) closeHandlesLocked() error {
 	var errs []error
 	for idx, a := range p.atts {
-		if a.link != nil {
-			errs = append(errs, a.link.Close())
+		for _, l := range a.links() {
+			errs = append(errs, l.Close())
 		}
 		delete(p.atts, idx)
 	}
@@ -440,8 +454,8 @@ func (p *tcPlane) refresh() error {
 	for idx, a := range p.atts {
 		if !seen[idx] {
 			// The interface is gone, and its programs with it.
-			if a.link != nil {
-				dropLink(a.link)
+			for _, l := range a.links() {
+				dropLink(l)
 			}
 			delete(p.atts, idx)
 		}
@@ -518,58 +532,95 @@ func (p *tcPlane) program(ext bool) *ebpf.Program {
 	return p.objs.PkTcPod
 }
 
-// attachLocked attaches the program of d's role to its ingress,
-// replacing an earlier attachment.
+// tcHook is where a tc program runs: an interface's ingress or egress.
+type tcHook struct {
+	name   string
+	tcx    ebpf.AttachType
+	parent uint32 // the clsact filter's
+	pin    string // prefix of the pinned tcx link's file name
+}
+
+var (
+	tcIngress = tcHook{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS, tcxLinkPin}
+	tcEgress  = tcHook{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS, tcxOutLinkPin}
+)
+
+// attachLocked attaches the program of d's role to its ingress and, on
+// an external interface, pk_tc_out to its egress, replacing earlier
+// attachments (an interface no longer external loses its egress one).
 func (p *tcPlane) attachLocked(d tcDevice) error {
-	prog := p.program(d.ext)
 	old := p.atts[d.index]
+	if old == nil {
+		old = &tcAttachment{}
+	}
 	a := &tcAttachment{ifindex: d.index, name: d.name, ext: d.ext}
+	var err error
+	a.link, a.filter, err = p.attachHook(d, tcIngress, p.program(d.ext), old.link)
+	if err == nil && d.ext {
+		a.out, a.outF, err = p.attachHook(d, tcEgress, p.objs.PkTcOut, old.out)
+	}
+	if err != nil {
+		return err
+	}
+	if old.link != nil && a.link == nil {
+		dropLink(old.link) // tcx refused: clsact now
+	}
+	if old.out != nil && a.out == nil {
+		dropLink(old.out)
+	}
+	if old.outF != nil && a.outF == nil {
+		p.delFilter(old.outF, old.name)
+	}
+	p.atts[d.index] = a
+	with := "tcx"
+	if a.filter != nil {
+		with = "clsact"
+	}
+	p.log.Debug("tc program attached", "interface", d.name, "external", d.ext, "with", with)
+	return nil
+}
+
+// attachHook attaches prog to hook h of d: with tcx (swapped into old,
+// the link there, if any) unless the kernel lacks it, else with a
+// cls_bpf filter.
+func (p *tcPlane) attachHook(d tcDevice, h tcHook, prog *ebpf.Program, old link.Link) (link.Link, *netlink.BpfFilter, error) {
 	if !p.legacy {
-		l, err := p.attachTCX(d, prog, old)
+		l, err := p.attachTCX(d, h, prog, old)
 		switch {
 		case err == nil:
-			a.link = l
-			p.atts[d.index] = a
-			p.log.Debug("tc program attached", "interface", d.name, "external", d.ext, "with", "tcx")
-			return nil
+			return l, nil, nil
 		case errors.Is(err, ebpf.ErrNotSupported):
 			p.log.Info("no tcx in this kernel: attaching with clsact and cls_bpf", "kernel", kernelRelease())
 			p.legacy = true
 		default:
-			return fmt.Errorf("ebpf: tc: attach %s to %s (tcx): %w", prog, d.name, err)
+			return nil, nil, fmt.Errorf("ebpf: tc: attach %s to %s %s (tcx): %w", prog, d.name, h.name, err)
 		}
 	}
-	f, err := p.attachFilter(d, prog)
+	f, err := p.attachFilter(d, h, prog)
 	if err != nil {
-		return fmt.Errorf("ebpf: tc: attach %s to %s (clsact): %w", prog, d.name, err)
+		return nil, nil, fmt.Errorf("ebpf: tc: attach %s to %s %s (clsact): %w", prog, d.name, h.name, err)
 	}
-	if old != nil && old.link != nil {
-		dropLink(old.link)
-	}
-	a.filter = f
-	p.atts[d.index] = a
-	p.log.Debug("tc program attached", "interface", d.name, "external", d.ext, "with", "clsact")
-	return nil
+	return nil, f, nil
 }
 
-// attachTCX attaches prog to the ingress of interface index (in the
-// node's namespace, where the kernel resolves the index), or swaps it
-// into the existing link old.
-func (p *tcPlane) attachTCX(d tcDevice, prog *ebpf.Program, old *tcAttachment) (link.Link, error) {
-	if old != nil && old.link != nil {
-		if err := old.link.Update(prog); err != nil {
+// attachTCX attaches prog to hook h of interface index (in the node's
+// namespace, where the kernel resolves the index), or swaps it into the
+// existing link old.
+func (p *tcPlane) attachTCX(d tcDevice, h tcHook, prog *ebpf.Program, old link.Link) (link.Link, error) {
+	if old != nil {
+		if err := old.Update(prog); err != nil {
 			return nil, err
 		}
-		return old.link, nil
+		return old, nil
 	}
-	pin := p.linkPin(tcxLinkPin, d.name)
+	pin := p.linkPin(h.pin, d.name)
 	if l, err := adoptLink(pin, d.index, prog, tcxIfindex); l != nil || err != nil {
 		return l, err
 	}
 	var l link.Link
 	err := p.ns.Do(func() error {
 		var err error
-		l, err = link.AttachTCX(link.TCXOptions{Interface: d.index, Program: prog, Attach: ebpf.AttachTCXIngress})
+		l, err = link.AttachTCX(link.TCXOptions{Interface: d.index, Program: prog, Attach: h.tcx})
 		return err
 	})
 	if err != nil {
@@ -583,8 +634,8 @@ func (p *tcPlane) attachTCX(d tcDevice, prog *ebpf.Program, old *tcAttachment) (
 }
 
 // attachFilter adds (or replaces) the cls_bpf filter of prog on the
-// clsact ingress hook of d, adding the clsact qdisc when missing.
-func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilter, error) {
+// clsact hook h of d, adding the clsact qdisc when missing.
+func (p *tcPlane) attachFilter(d tcDevice, h tcHook, prog *ebpf.Program) (*netlink.BpfFilter, error) {
 	q := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: d.index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
 		QdiscType:  "clsact",
@@ -602,7 +653,7 @@ func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilt
 	f := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: d.index,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Parent:    h.parent,
 			Handle:    tcFilterHandle,
 			Priority:  tcFilterPriority,
 			Protocol:  unix.ETH_P_ALL,
@@ -620,16 +671,24 @@ func (p *tcPlane) attachFilter(d tcDevice, prog *ebpf.Program) (*netlink.BpfFilt
 	return f, nil
 }
 
+// delFilter removes filter f of interface dev, which may be gone.
+func (p *tcPlane) delFilter(f *netlink.BpfFilter, dev string) error {
+	if err := p.nl.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("ebpf: tc: remove filter from %s: %w", dev, err)
+	}
+	return nil
+}
+
 // detachAllLocked removes every attachment of this plane.
 func (p *tcPlane) detachAllLocked() error {
 	errs := []error{p.releaseXDPLocked(dropLink)}
 	for idx, a := range p.atts {
-		if a.link != nil {
-			errs = append(errs, dropLink(a.link))
+		for _, l := range a.links() {
+			errs = append(errs, dropLink(l))
 		}
-		if a.filter != nil {
-			if err := p.nl.FilterDel(a.filter); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.EINVAL) {
-				errs = append(errs, fmt.Errorf("ebpf: tc: remove filter from %s: %w", a.name, err))
+		for _, f := range []*netlink.BpfFilter{a.filter, a.outF} {
+			if f != nil {
+				errs = append(errs, p.delFilter(f, a.name))
 			}
 		}
 		delete(p.atts, idx)
@@ -653,9 +712,13 @@ func (p *tcPlane) cleanup() error {
 		return errors.Join(append(errs, fmt.Errorf("ebpf: tc: list interfaces: %w", err))...)
 	}
 	for _, l := range links {
-		fs, err := p.nl.FilterList(l, netlink.HANDLE_MIN_INGRESS)
-		if err != nil {
-			continue // no clsact qdisc
+		var fs []netlink.Filter
+		for _, h := range []tcHook{tcIngress, tcEgress} {
+			hf, err := p.nl.FilterList(l, h.parent)
+			if err != nil {
+				continue // no clsact qdisc
+			}
+			fs = append(fs, hf...)
 		}
 		for _, f := range fs {
 			bf, ok := f.(*netlink.BpfFilter)

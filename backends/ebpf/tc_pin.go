@@ -29,8 +29,9 @@ func tcPinnedMaps() []string {
 // Prefixes of the pinned links' file names under PinPath, followed by
 // the interface's name.
 const (
-	tcxLinkPin = "pk_tcx_"
-	xdpLinkPin = "pk_xdp_"
+	tcxLinkPin    = "pk_tcx_"
+	tcxOutLinkPin = "pk_tcxout_"
+	xdpLinkPin    = "pk_xdp_"
 )
 
 // pinMapsSpec makes spec pin the tc plane's maps under PinPath: a
@@ -66,7 +67,7 @@ func (p *tcPlane) pinMapsSpec(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOp
 }
 
 // linkPin returns where the link of the given prefix (tcxLinkPin,
-// xdpLinkPin) on interface dev is pinned, or "" without PinPath.
+// tcxOutLinkPin, xdpLinkPin) on interface dev is pinned, or "" without PinPath.
 func (p *tcPlane) linkPin(prefix, dev string) string {
 	if p.cfg.PinPath == "" {
 		return ""
@@ -147,7 +148,7 @@ func (p *tcPlane) unpinAll() error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), tcxLinkPin) && !strings.HasPrefix(e.Name(), xdpLinkPin) {
+		if !strings.HasPrefix(e.Name(), tcxLinkPin) && !strings.HasPrefix(e.Name(), tcxOutLinkPin) && !strings.HasPrefix(e.Name(), xdpLinkPin) {
 			continue
 		}
 		path := filepath.Join(p.cfg.PinPath, e.Name())

@@ -10,6 +10,8 @@
  * pod veths); both translate replies, tracked flows and new flows to
  * frontends, and differ in when they SNAT (see frontend). With the XDP
  * program (xdp.c) in front, pk_tc_ext serves what it passes on.
+ * pk_tc_out runs at the egress of the external interfaces, for the
+ * node's own SCTP packets, which no socket program sees.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -21,7 +23,9 @@
 #define pk_l3_csum bpf_l3_csum_replace
 #define pk_l4_csum bpf_l4_csum_replace
 #define pk_proto(ctx) ((ctx)->protocol)
-#define pk_ingress(ctx) ((ctx)->ingress_ifindex)
+/* The interface a packet arrived on; for the node's own packets at
+ * egress (pk_tc_out), the one it leaves by. */
+#define pk_ingress(ctx) ((ctx)->ingress_ifindex ?: (ctx)->ifindex)
 #define V_STACK TC_ACT_OK
 #define V_DROP TC_ACT_SHOT
 #define V_NEXT TC_ACT_UNSPEC
@@ -41,6 +45,14 @@ static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_l
 	}
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		struct bpf_redir_neigh nh = {};
+
+		/* The node's own packet (pk_tc_out) still holds the route
+		 * it was sent by: a packet queued for the neighbour's
+		 * resolution would leave by that route's neighbour, with
+		 * its address. Without a next hop the kernel routes it
+		 * again to its new destination, replacing the route. */
+		if (!skb->ingress_ifindex)
+			return bpf_redirect_neigh(f->ifindex, NULL, 0, 0);
 
 		/* On return, the lookup's destination is the next hop. */
 		if (f->family == AF_INET6) {
@@ -65,7 +77,9 @@ static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, l
 {
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return TC_ACT_OK;
-	if (dec_ttl(skb, p))
+	/* The node's own packet (pk_tc_out) is not forwarded: it keeps its
+	 * TTL, as the stack's output path does. */
+	if (skb->ingress_ifindex && dec_ttl(skb, p))
 		return TC_ACT_SHOT;
 	return send(skb, rc, f);
 }
@@ -140,6 +154,17 @@ static __always_inline int reply_eth(struct __sk_buff *skb, __be16 proto)
 	return bpf_skb_store_bytes(skb, 0, out, sizeof(out), 0);
 }
 
+/* back sends an ICMP error where the packet it answers came from: out
+ * of the interface it arrived on or, for the node's own packet at
+ * egress (pk_tc_out), into the node's stack, as if the interface had
+ * received it. */
+static __always_inline int back(struct __sk_buff *skb)
+{
+	if (skb->ingress_ifindex)
+		return bpf_redirect(skb->ingress_ifindex, 0);
+	return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+}
+
 /* error4 turns an IPv4 packet without options into an ICMP error (type,
  * code and the header's second word, rest) from its destination to its
  * source, quoting its IP header and the first 8 bytes of its TCP or UDP
@@ -172,7 +197,7 @@ static __always_inline int error4(struct __sk_buff *skb, const struct pkt *p, __
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &icmp, sizeof(icmp), 0))
 		return TC_ACT_SHOT;
-	return bpf_redirect(skb->ingress_ifindex, 0);
+	return back(skb);
 }
 
 /* error6 is error4 for IPv6: an ICMPv6 error quoting the IPv6 header
@@ -211,7 +236,7 @@ static __always_inline int error6(struct __sk_buff *skb, const struct pkt *p, __
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &icmp, sizeof(icmp), 0))
 		return TC_ACT_SHOT;
-	return bpf_redirect(skb->ingress_ifindex, 0);
+	return back(skb);
 }
 
 /* reject answers with ICMP or ICMPv6 port unreachable. */
@@ -535,6 +560,32 @@ SEC("tc")
 int pk_tc_pod(struct __sk_buff *skb)
 {
 	return serve(skb, 1);
+}
+
+/* pk_tc_out: the egress of the node's external interfaces, where the
+ * node's own packets to a cluster IP (or any frontend) leave by the
+ * route toward it (the default route, as with kube-proxy, whose rules
+ * see them on the output path). Only the node's own SCTP packets are
+ * served: the socket programs translate its TCP and UDP sockets, and
+ * forwarded packets (which arrived on an interface) were served at its
+ * ingress. They are translated as a pod's (no SNAT; the short circuit
+ * of externalTrafficPolicy Local), routed again and sent where the
+ * endpoint's route leads; the replies come back through pk_tc_pod or
+ * pk_tc_ext. */
+SEC("tc")
+int pk_tc_out(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	struct nat n = {};
+	int v;
+
+	if (skb->ingress_ifindex || parse(skb, &p) != 0 || p.t.proto != IPPROTO_SCTP)
+		return TC_ACT_UNSPEC;
+	if ((v = tracked(skb, &p, &n)) < 0 && (v = frontend(skb, &p, 1, &n)) < 0)
+		return TC_ACT_UNSPEC;
+	if (v == V_TRANSLATE)
+		return translate(skb, &p, &n);
+	return v;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

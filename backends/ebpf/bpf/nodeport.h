@@ -700,17 +700,14 @@ static __always_inline void reverse_of(const struct tuple *t, const struct nat *
 
 static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p, __u8 variant);
 __attribute__((noinline)) int still_in(__u32 id, __u32 count, const struct nsbe_val *ep);
-__attribute__((noinline)) int stale(const struct pkt *p, const struct nat *n);
 
 /* stale reports whether the UDP flow p, translated to n, goes to an
  * endpoint that left its frontend (or a frontend that is gone): its
  * next datagram is a new flow, as kube-proxy's conntrack cleanup makes
- * it. TCP and SCTP flows keep their endpoint, as with kube-proxy. A
- * global function: the verifier walks its paths once, not on each path
- * of tracked's callers. */
-__attribute__((noinline)) int stale(const struct pkt *p, const struct nat *n)
+ * it. TCP and SCTP flows keep their endpoint, as with kube-proxy. */
+static __always_inline int stale(const struct pkt *p, const struct nat *n)
 {
-	if (!p || !n || p->t.proto != IPPROTO_UDP)
+	if (p->t.proto != IPPROTO_UDP)
 		return 0;
 	struct nsfe_val *fe = lookup_fe(p, 0);
 	if (!fe)
