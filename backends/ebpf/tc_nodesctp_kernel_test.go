@@ -43,6 +43,11 @@ func testTCNodeSCTP(t *testing.T, f model.IPFamily, legacy bool) {
 		if r.Outcome != testnet.Answered || r.Port != 8080 {
 			t.Fatalf("node -> %s/sctp: %v", d, r)
 		}
+		// Not SNATed (docs/KUBE-PROXY-DIFFERENCES.md): the source the
+		// node's route toward the cluster IP gave, its uplink's.
+		if up := x.tn.Node1.UplinkIP(f); r.Source.Addr().Unmap() != up {
+			t.Errorf("node -> %s/sctp: %s saw source %s, want %s", d, r.Server, r.Source.Addr(), up)
+		}
 		seen[r.Server]++
 	}
 	if seen[x.p11.Name] == 0 || seen[x.p21.Name] == 0 {
