@@ -512,6 +512,12 @@ func (t *tcBackend) Family() model.IPFamily { return t.family }
 // interfaces' addresses. A sync that is not Full, after a successful
 // one, renders and writes the Changed service ports alone.
 func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
+	return t.syncSorted(ctx, req, func() []namedPort { return sortedServices(req) })
+}
+
+// syncSorted is Sync, with the service ports of req in name order from
+// sorted (sortedServices) when it renders them all.
+func (t *tcBackend) syncSorted(ctx context.Context, req *proxier.SyncRequest, sorted func() []namedPort) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -531,7 +537,7 @@ func (t *tcBackend) Sync(ctx context.Context, req *proxier.SyncRequest) error {
 		}
 		return errors.Join(t.plane.refresh(), proxier.JoinObjectErrors(objErrs))
 	}
-	want, ports, objErrs := t.render(req)
+	want, ports, objErrs := t.render(req, sorted())
 	have := t.st
 	if have == nil || req.Full {
 		var err error
@@ -730,9 +736,9 @@ func (t *tcBackend) syncChanged(req *proxier.SyncRequest) (map[model.ServicePort
 // render computes the family's map contents from the whole state of
 // req, and the keys each service port holds. Service ports are admitted
 // in name order; one that does not fit the maps is left out with an
-// ObjectError.
-func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.ServicePortName]*portKeys, map[model.ServicePortName]error) {
-	names := sortedServices(req.State.Services)
+// ObjectError. names are the service ports of req in name order
+// (sortedServices).
+func (t *tcBackend) render(req *proxier.SyncRequest, names []namedPort) (*nsState, map[model.ServicePortName]*portKeys, map[model.ServicePortName]error) {
 	type planned struct {
 		tg *proxier.Targets
 		p  *portPlan
@@ -740,7 +746,7 @@ func (t *tcBackend) render(req *proxier.SyncRequest) (*nsState, map[model.Servic
 	plans := make([]planned, len(names))
 	var allFEs, allGroups, allSlots int
 	for i, np := range names {
-		tg := targetsOrNone(req.Targets[np.name])
+		tg := targetsOrNone(np.tg)
 		plans[i] = planned{tg, t.plan(np.sp, tg)}
 		fes, slots := plans[i].p.size()
 		allFEs += fes
