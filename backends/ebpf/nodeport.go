@@ -248,8 +248,10 @@ type nsState struct {
 	stray []beKey
 	// nslots counts the slots the rows hold (without gaps).
 	nslots int
-	// arena is where new rows are cut from (render sizes it).
+	// arena is where new rows are cut from (render sizes it), and
+	// cuts the ids of the rows cut, in order.
 	arena  []nsbeVal
+	cuts   []uint32
 	ranges map[nsrangeKey]uint8
 	// locals count the local slots of each endpoint of this node, which
 	// pk_nsloc holds (read from the kernel: 1 each).
@@ -274,14 +276,39 @@ func newNSStateSized(fes, groups, slots int) *nsState {
 		ranges: map[nsrangeKey]uint8{}, locals: map[nslocKey]int{}, tables: map[uint32]nsTable{}}
 }
 
-// newRow returns a row of n slots, cut from the arena while it has room.
-func (st *nsState) newRow(n int) []nsbeVal {
+// newRow returns a row of n slots for group id, cut from the arena while
+// it has room.
+func (st *nsState) newRow(id uint32, n int) []nsbeVal {
 	if n > cap(st.arena)-len(st.arena) {
 		return make([]nsbeVal, n)
+	}
+	if n > 0 {
+		st.cuts = append(st.cuts, id)
 	}
 	l := len(st.arena)
 	st.arena = st.arena[:l+n]
 	return st.arena[l : l+n : l+n]
+}
+
+// arenaKeys returns the keys of every slot of st in arena order, when
+// st's rows are exactly those cut from its arena, each set once (a
+// full render's): st.arena then holds their values, in the same order.
+func (st *nsState) arenaKeys() ([]beKey, bool) {
+	if st.nslots != len(st.arena) || len(st.slots) != len(st.cuts) || st.gaps != nil {
+		return nil, false
+	}
+	keys := make([]beKey, 0, len(st.arena))
+	for _, id := range st.cuts {
+		row := st.slots[id]
+		n := len(keys)
+		if len(row) == 0 || len(row) > len(st.arena)-n || &row[0] != &st.arena[n] {
+			return nil, false
+		}
+		for i := range row {
+			keys = append(keys, beKey{ID: id, Slot: uint32(i)})
+		}
+	}
+	return keys, len(keys) == len(st.arena)
 }
 
 // setRow makes row (no gaps) the slots of group id; an empty row
@@ -420,6 +447,13 @@ func (r *slotReader) finish() {
 // differently, and the keys of the slots have holds and want does not
 // (want has no gaps).
 func diffSlots(have, want *nsState) (putK []beKey, putV []nsbeVal, del []beKey) {
+	if len(have.slots) == 0 {
+		// Every slot of want is written (a first sync): the values
+		// are written from the arena want's rows were cut from.
+		if keys, ok := want.arenaKeys(); ok {
+			return keys, want.arena, slices.Clone(have.stray)
+		}
+	}
 	if n := want.nslots - have.nslots; n > 0 {
 		putK, putV = make([]beKey, 0, n), make([]nsbeVal, 0, n)
 	}
@@ -889,7 +923,7 @@ func (t *tcBackend) renderGroup(st *nsState, g *nsGroup, eps []*model.Endpoint) 
 		}
 		return false
 	}
-	row := st.newRow(len(g.eps))
+	row := st.newRow(g.id, len(g.eps))
 	for i, ep := range g.eps {
 		v := nsbeVal{Addr: mapped16(ep.Addr()), Port: be16(ep.Port())}
 		if isLocal(ep) {

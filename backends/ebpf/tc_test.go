@@ -237,3 +237,58 @@ func TestNSSlotRows(t *testing.T) {
 		t.Errorf("after dropping row 1: %d slots, gaps kept %v; want 4, false", have.nslots, ok)
 	}
 }
+
+// TestNSSlotsFromArena: into empty maps (a first sync), the slots of a
+// rendered state are written from the arena its rows were cut from, with
+// their keys in the arena's order; a state whose rows are not exactly
+// the arena's is diffed row by row, with the same result.
+func TestNSSlotsFromArena(t *testing.T) {
+	val := func(b byte) nsbeVal { return nsbeVal{Addr: [16]byte{15: b}, Port: [2]byte{0, b}} }
+	render := func(replace bool) *nsState {
+		st := newNSStateSized(0, 3, 6)
+		for _, g := range []struct {
+			id   uint32
+			vals []byte
+		}{{7, []byte{70, 71, 72}}, {3, nil}, {5, []byte{50}}, {2, []byte{20, 21}}} {
+			row := st.newRow(g.id, len(g.vals))
+			for i, b := range g.vals {
+				row[i] = val(b)
+			}
+			st.setRow(g.id, row)
+		}
+		if replace {
+			st.setRow(5, []nsbeVal{val(50)}) // not the arena's row
+		}
+		return st
+	}
+	have := newNSState()
+	have.stray = []beKey{{9, 1 << 30}}
+	wantPut := map[beKey]nsbeVal{{7, 0}: val(70), {7, 1}: val(71), {7, 2}: val(72), {5, 0}: val(50), {2, 0}: val(20), {2, 1}: val(21)}
+	for _, replace := range []bool{false, true} {
+		want := render(replace)
+		putK, putV, del := diffSlots(have, want)
+		put := map[beKey]nsbeVal{}
+		for i, k := range putK {
+			put[k] = putV[i]
+		}
+		if !maps.Equal(put, wantPut) || len(putK) != len(wantPut) || len(putV) != len(putK) {
+			t.Errorf("replace %v: put %v %v, want %v", replace, putK, putV, wantPut)
+		}
+		if !slices.Equal(del, have.stray) {
+			t.Errorf("replace %v: delete %v, want %v", replace, del, have.stray)
+		}
+		fromArena := len(putV) > 0 && &putV[0] == &want.arena[0]
+		if fromArena == replace {
+			t.Errorf("replace %v: values from the arena %v, want %v", replace, fromArena, !replace)
+		}
+		if !replace && !slices.Equal(putK, []beKey{{7, 0}, {7, 1}, {7, 2}, {5, 0}, {2, 0}, {2, 1}}) {
+			t.Errorf("keys %v, want them in arena order", putK)
+		}
+	}
+	// Against maps that hold slots, the rows are diffed.
+	have.setRow(2, []nsbeVal{val(20), val(21)})
+	putK, _, _ := diffSlots(have, render(false))
+	if len(putK) != 4 {
+		t.Errorf("put %v, want the 4 slots of rows 7 and 5", putK)
+	}
+}
