@@ -117,7 +117,7 @@ func BenchmarkRender(b *testing.B) {
 							want[t][name] = rd[t]
 						}
 					}
-					data, _ := joinSections(be.fullSections(want, [numTables][]string{}, layout.chunk, [numTables]jumpMode{jumpsInsert, jumpsInsert}))
+					data, _ := joinSections(be.fullSections(want, [numTables][]string{}, layout.chunk, [numTables]jumpMode{jumpsInsert, jumpsInsert}, false))
 					bytes = len(data)
 				}
 				b.ReportMetric(float64(bytes)/1e6, "MB")

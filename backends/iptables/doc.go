@@ -34,7 +34,9 @@
 // needed, whatever an earlier process left; the first sync of a process
 // instead adopts our chains, writing nothing, when a fingerprint rule the
 // last rewrite left says they hold what it would write (README.md says
-// what is trusted). The nft flavour adopts on the fingerprint and the
+// what is trusted). A rewrite flushes that rule in its first commit and
+// writes the new one in its last, so a process killed in between leaves
+// none. The nft flavour adopts on the fingerprint and the
 // jumps alone and lists our chains after the sync, beside the following
 // syncs, because the kernel's chain dump is quadratic in the chains
 // (7-23 s at 30,000 services of 10 endpoints): a left-over or missing

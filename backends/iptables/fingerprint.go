@@ -15,7 +15,14 @@ import (
 // hex digits of the SHA-256 of every rule the rewrite leaves in our
 // chains (the fixed chains, the jumps from the built-in chains, and each
 // service port's chains and rules in the fixed chains), written in the
-// rewrite's last restore run. The first sync of a process adopts what it
+// rewrite's last commit (the nat section of its last restore run, after
+// the filter one). The rewrite's first commit, before any chain of ours
+// changes, flushes the fingerprint chain when the kernel may hold the
+// rule: a process killed between two commits leaves no fingerprint,
+// rather than one that describes other rules than the tables hold (the
+// new rules in nat over the old filter ones, or the old fingerprint over
+// chains partly rewritten), which the next process would adopt when the
+// set of chains is the same. The first sync of a process adopts what it
 // finds instead of rewriting it when the fingerprint is the one of what
 // it would write, the per-service chains are exactly those it would
 // write, and the jumps check out: nothing is restored. The nft flavour

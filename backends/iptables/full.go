@@ -124,6 +124,11 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			return nil
 		}
 	}
+	// unprint says the kernel may hold a fingerprint rule, which the
+	// rewrite's first run flushes: a process that dies before the last
+	// commit leaves none, rather than one that describes chains the
+	// rewrite changed.
+	unprint := prev == nil && saved != "" || prev != nil && prev.fingerprint != ""
 	b.st = nil
 	for attempt := 0; ; attempt++ {
 		var stale [numTables][]string
@@ -135,7 +140,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			nchains += len(tr.chains)
 		}
 		chunk := b.chunk(nchains, len(have[tNAT]) > 0)
-		secs := b.fullSections(want, stale, chunk, jumps)
+		secs := b.fullSections(want, stale, chunk, jumps, unprint)
 		b.last = inputStats{full: true, sections: len(secs)}
 		data, starts := joinSections(secs)
 		b.last.lines, b.last.bytes = starts[len(starts)-1], len(data)
@@ -176,7 +181,10 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			}
 		}
 		for t := range numTables {
-			if in.committedBefore(t, line) {
+			// Only the last input writes our chains in both tables
+			// (the check's commits change nothing but the
+			// fingerprint chain).
+			if in.fingerprint != "" && in.committedBefore(t, line) {
 				// The table holds want now: what the retry leaves out
 				// becomes stale, and the jumps inserted are there.
 				have[t] = setOf(chainsOf(want[t]))
@@ -603,10 +611,15 @@ func (b *backend) adopt(ctx context.Context, want [numTables]map[model.ServicePo
 // rest. Either way the dispatch rules change last, so the old ones keep
 // pointing at chains that exist.
 //
+// The fingerprint rule goes in the last commit, the last input's nat
+// section (after its filter one); with unprint set, the first commit,
+// before anything else changes, flushes the fingerprint chain
+// (fingerprint.go).
+//
 // The sections are written one after the other into b.arena when it is
 // large enough (else into a new array of the estimated size), so that
 // joinSections copies nothing.
-func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableRules, stale [numTables][]string, chunk int, jumps [numTables]jumpMode) []*input {
+func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableRules, stale [numTables][]string, chunk int, jumps [numTables]jumpMode, unprint bool) []*input {
 	var secs []*input
 	var names [numTables][]model.ServicePortName
 	for t := range numTables {
@@ -629,13 +642,22 @@ func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableR
 		}
 	}
 	// Jumps to check come first: when one is missing, nothing is
-	// committed yet.
+	// committed yet. The fingerprint chain is flushed in the same nat
+	// commit (the legacy flavour reads the table for the check anyway).
 	check := section()
 	for t := range numTables {
-		if jumps[t] != jumpsCheck {
+		flush := unprint && t == tNAT
+		if jumps[t] != jumpsCheck && !flush {
 			continue
 		}
 		check.begin(t)
+		if flush {
+			check.declare(b.r.n.fixed(chFingerprint))
+		}
+		if jumps[t] != jumpsCheck {
+			check.commit()
+			continue
+		}
 		check.mark(spanJump, nil)
 		for _, j := range b.r.jumps() {
 			if j.table == t {
@@ -709,7 +731,8 @@ func (b *backend) fullSections(want [numTables]map[model.ServicePortName]*tableR
 	}
 	in := section()
 	in.fingerprint = b.fingerprint(want)
-	for t := range numTables {
+	// Filter first: nat, with the fingerprint rule, commits last.
+	for _, t := range []table{tFilter, tNAT} {
 		fixed, tail := b.r.fixedChains(t)
 		if chunk > 0 {
 			fixed = slices.DeleteFunc(fixed, func(c chainRules) bool { return b.r.sharedTarget(c.name) })

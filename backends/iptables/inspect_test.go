@@ -303,7 +303,7 @@ func restoreInput(t *testing.T, b *backend, req *proxier.SyncRequest) []byte {
 	if len(errs) > 0 {
 		t.Fatalf("render: %v", errs)
 	}
-	data, _ := joinSections(b.fullSections(want, [numTables][]string{}, 0, [numTables]jumpMode{jumpsInsert, jumpsInsert}))
+	data, _ := joinSections(b.fullSections(want, [numTables][]string{}, 0, [numTables]jumpMode{jumpsInsert, jumpsInsert}, false))
 	return data
 }
 
@@ -395,7 +395,7 @@ func BenchmarkInspectParse(b *testing.B) {
 					want[t][name] = rd[t]
 				}
 			}
-			data, _ := joinSections(be.fullSections(want, [numTables][]string{}, 0, [numTables]jumpMode{jumpsInsert, jumpsInsert}))
+			data, _ := joinSections(be.fullSections(want, [numTables][]string{}, 0, [numTables]jumpMode{jumpsInsert, jumpsInsert}, false))
 			data = slices.Clone(data)
 			frontends := 0
 			for b.Loop() {

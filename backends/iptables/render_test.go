@@ -394,7 +394,7 @@ func TestPartialInput(t *testing.T) {
 	svcs = append(svcs, empty)
 	full := request(model.IPv4, svcs, nil)
 	b.st.svcs = wantOf(t, b, full, full.Changed)
-	fullIn := b.fullSections(b.st.svcs, [numTables][]string{}, 0, [numTables]jumpMode{})[0]
+	fullIn := b.fullSections(b.st.svcs, [numTables][]string{}, 0, [numTables]jumpMode{}, false)[0]
 
 	// One endpoint more for one service, and the empty service gains one.
 	grown := svcs[50].WithAdded(backendtest.Endpoint("10.200.0.1:8080"))
@@ -467,9 +467,11 @@ func TestFullInput(t *testing.T) {
 	a.Port.NodePort = 30080
 	z := clusterSvc("z", model.UDP, "10.96.0.2", 53)
 	req := request(model.IPv4, []testSvc{a, z}, nil)
-	in := b.fullSections(wantOf(t, b, req, req.Changed), [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, 0, [numTables]jumpMode{})[0]
+	in := b.fullSections(wantOf(t, b, req, req.Changed), [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, 0, [numTables]jumpMode{}, false)[0]
 	text := string(in.b)
-	nat, filter, _ := strings.Cut(text, "COMMIT\n")
+	// Filter first: nat, with the fingerprint rule, commits last.
+	filter, nat, _ := strings.Cut(text, "COMMIT\n")
+	nat = strings.TrimSuffix(nat, "COMMIT\n")
 	for _, c := range []string{"SERVICES", "NODEPORTS", "POSTROUTING", "CANARY"} {
 		if !strings.Contains(nat, ":PROXYKIT-"+c+" - [0:0]\n") {
 			t.Errorf("nat lacks %s", c)
@@ -498,7 +500,7 @@ func TestFullInput(t *testing.T) {
 			t.Errorf("line %d %q maps to %+v", i+1, l, sp)
 		}
 	}
-	if in.committedBefore(tFilter, in.tableEnd[tNAT]+1) || !in.committedBefore(tNAT, in.tableEnd[tNAT]+1) {
+	if in.committedBefore(tNAT, in.tableEnd[tFilter]+1) || !in.committedBefore(tFilter, in.tableEnd[tFilter]+1) {
 		t.Error("committedBefore")
 	}
 }
@@ -563,7 +565,7 @@ func TestFullSectionsChunked(t *testing.T) {
 	req := request(model.IPv4, svcs, nil)
 	want := wantOf(t, b, req, req.Changed)
 	const chunk = 500
-	secs := b.fullSections(want, [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, chunk, [numTables]jumpMode{})
+	secs := b.fullSections(want, [numTables][]string{{"PROXYKIT-SVC-GONE"}, nil}, chunk, [numTables]jumpMode{}, false)
 	if len(secs) < 5 {
 		t.Fatalf("%d sections", len(secs))
 	}
@@ -606,7 +608,7 @@ func TestFullSectionsChunked(t *testing.T) {
 	if len(targets) != 301 || targets[300] != "PROXYKIT-NODEPORTS" || !slices.IsSortedFunc(targets[:300], func(a, b string) int { return strings.Compare(b, a) }) {
 		t.Errorf("dispatch targets %v", targets)
 	}
-	if strings.Contains(last, "PROXYKIT-MARK-OUTSIDE - [0:0]") || !strings.Contains(last, "-X PROXYKIT-SVC-GONE\nCOMMIT\n*filter") {
+	if strings.Contains(last, "PROXYKIT-MARK-OUTSIDE - [0:0]") || !strings.HasSuffix(last, "-X PROXYKIT-SVC-GONE\nCOMMIT\n") {
 		t.Errorf("last section:\n%.2000s", last)
 	}
 	// Lines map back through the joined input.

@@ -285,7 +285,7 @@ func (b *backend) probe(ctx context.Context) error {
 			want[t][x.sp.Name] = rd[t]
 		}
 	}
-	in := b.fullSections(want, [numTables][]string{}, 0, [numTables]jumpMode{jumpsInsert, jumpsInsert})[0]
+	in := b.fullSections(want, [numTables][]string{}, 0, [numTables]jumpMode{jumpsInsert, jumpsInsert}, false)[0]
 	err := b.run.Test(ctx, in.b)
 	var re *iptables.RestoreError
 	if errors.As(err, &re) {

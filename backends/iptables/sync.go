@@ -55,6 +55,9 @@ type backend struct {
 	// flavour's section size (nftChunk) and the number of sections per
 	// run (from nftRunChains).
 	chunkSize, runSections int
+	// restoreHook, set by tests only, runs each restore input instead of
+	// the runner: tests kill a sync between two commits with it.
+	restoreHook func(ctx context.Context, data []byte) error
 }
 
 var _ proxier.Backend = (*backend)(nil)
@@ -103,7 +106,12 @@ func countRules(data []byte) [numTables]int {
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total (but not one
 // due to ctx ending).
 func (b *backend) restore(ctx context.Context, data []byte) error {
-	err := b.run.Restore(ctx, data)
+	var err error
+	if b.restoreHook != nil {
+		err = b.restoreHook(ctx, data)
+	} else {
+		err = b.run.Restore(ctx, data)
+	}
 	if err != nil && ctx.Err() == nil && b.metrics != nil {
 		b.metrics.failures.Inc()
 	}
