@@ -52,7 +52,9 @@
 // in the shared dispatch chains, computed from state kept in memory: its
 // input grows with the change, not with the number of services. A full
 // request between rewrites compares every service port with that state
-// and checks the jumps from the built-in chains, in the same single run.
+// and checks the jumps from the built-in chains, in the same single run
+// (the nft flavour reads them first with iptables -S of the built-in
+// chains, whose -C fetches every rule of the chain jumped to).
 // Every partial input first deletes and re-adds the one rule of a canary
 // chain in each table it writes; when that fails, someone flushed our
 // chains (a firewall reload), and the backend rewrites everything at once.

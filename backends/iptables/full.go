@@ -46,7 +46,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	}
 	rendered := time.Since(start)
 	tried := false // adopt found the fingerprint or a jump not as wanted
-	if prev == nil && !b.listFirst && len(errs) == 0 && b.run != nil && b.run.Tools().Flavour == iptables.NFT {
+	if prev == nil && !b.listFirst && !b.distrust && len(errs) == 0 && b.run != nil && b.run.Tools().Flavour == iptables.NFT {
 		// The nft flavour adopts on the fingerprint and the jumps, and
 		// lists the chains afterwards (verify.go): the kernel's chain
 		// dump is quadratic in the chains.
@@ -114,7 +114,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 	}
 	read := time.Since(t0)
 	jumpsFixed := false
-	if prev == nil && !tried && saved != "" && len(errs) == 0 && jumps == [numTables]jumpMode{jumpsCheck, jumpsCheck} {
+	if prev == nil && !tried && !b.distrust && saved != "" && len(errs) == 0 && jumps == [numTables]jumpMode{jumpsCheck, jumpsCheck} {
 		if steps, err := b.adopt(ctx, want, have, saved, rules); err != nil {
 			return fmt.Errorf("iptables: full sync: %w", err)
 		} else if steps.ok {
@@ -157,7 +157,7 @@ func (b *backend) syncFull(ctx context.Context, req *proxier.SyncRequest) error 
 			st.fingerprint = secs[len(secs)-1].fingerprint
 			b.st = st
 			b.lastRewrite = time.Now()
-			b.listFirst = false
+			b.listFirst, b.distrust = false, false
 			break
 		}
 		failed, ok := errors.AsType[*iptables.RestoreError](err)

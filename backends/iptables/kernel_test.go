@@ -264,10 +264,13 @@ func TestKernelCanaryFlushResync(t *testing.T) {
 		t.Fatalf("jumps not restored:\n%s", out)
 	}
 	// An intact canary: the full request only compares and writes
-	// nothing but the canary checks; a deleted jump is put back.
+	// nothing but the canary checks; a deleted jump is put back. The
+	// jumps are read with iptables -S of the built-in chains, not
+	// checked with -C lines in the run (which fetch every rule of the
+	// chain jumped to).
 	e.exec("iptables-nft", "-w", "-t", "nat", "-D", "OUTPUT", "-m", "comment", "--comment", "proxykit service portals", "-j", "PROXYKIT-SERVICES")
 	mustSync(t, b, request(model.IPv4, []testSvc{a, bsvc}, nil))
-	if b.last.full || b.last.lines != 8+len(b.r.jumps()) {
+	if b.last.full || b.last.lines != 8 {
 		t.Fatalf("a full request with the canary intact: %+v", b.last)
 	}
 	if got := e.answers(node, "10.96.2.1:80"); got != p11.Name {

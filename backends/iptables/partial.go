@@ -39,9 +39,31 @@ func (b *backend) syncPartial(ctx context.Context, req *proxier.SyncRequest, nam
 			want[t][name] = rd[t]
 		}
 	}
+	// A full request checks the jumps from the built-in chains: in the
+	// restore run (-C) in the legacy flavour, which reads the whole
+	// table for the run anyway; before it in the nft one, with iptables
+	// -S of the built-in chains (jumpsListed), as a restart does:
+	// iptables-nft's -C also fetches every rule of the chain jumped to,
+	// our dispatch chain of a rule per service port (0.26-0.45 s at
+	// 30,000 services), where -S reads only the chain it names. A jump
+	// missing or printed otherwise than rendered is checked again, and
+	// put back when missing, by ensureJumps (-C and -I), as a failed -C
+	// line would be.
+	checkJumps := req.Full
+	if req.Full && b.run != nil && b.run.Tools().Flavour == iptables.NFT {
+		checkJumps = false
+		ok, err := b.jumpsListed(ctx, nil)
+		if err == nil && !ok {
+			err = b.ensureJumps(ctx)
+		}
+		if err != nil {
+			b.st = nil
+			return fmt.Errorf("iptables: partial sync: %w", err)
+		}
+	}
 	jumpsFixed := false
 	for attempt := 0; ; attempt++ {
-		in := b.partialInput(want, req.Full)
+		in := b.partialInput(want, req.Full, checkJumps)
 		b.last = inputStats{sections: 1, lines: in.lines, bytes: len(in.b)}
 		if in.lines == 0 {
 			b.commit(want, numTables)
@@ -118,8 +140,10 @@ func (b *backend) commit(want [numTables]map[model.ServicePortName]*tableRules, 
 // partialInput writes the restore input that turns b.st into want for the
 // service ports want names. Each table section starts with the canary
 // check; a table without changes is left out unless always is set (the
-// legacy flavour reads and writes a whole table for each section).
-func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableRules, always bool) *input {
+// legacy flavour reads and writes a whole table for each section). With
+// checkJumps set, each section also checks the jumps from the built-in
+// chains (-C).
+func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableRules, always, checkJumps bool) *input {
 	in := newInput(4096)
 	canary := b.r.n.fixed(chCanary)
 	var names [numTables][]model.ServicePortName
@@ -150,7 +174,7 @@ func (b *backend) partialInput(want [numTables]map[model.ServicePortName]*tableR
 			in.declare(b.r.n.fixed(chFingerprint))
 			in.unprints = true
 		}
-		if always {
+		if checkJumps {
 			// The jumps from the built-in chains, checked in the same
 			// run rather than one iptables -C each (the legacy flavour
 			// reads the whole table for each).

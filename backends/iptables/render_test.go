@@ -403,7 +403,7 @@ func TestPartialInput(t *testing.T) {
 	next := slices.Clone(svcs)
 	next[50], next[len(next)-1] = grown, filled
 	req := request(model.IPv4, next, backendtest.Names(grown, filled))
-	in := b.partialInput(wantOf(t, b, req, req.Changed), false)
+	in := b.partialInput(wantOf(t, b, req, req.Changed), false, false)
 	text := string(in.b)
 	if in.lines > 40 || in.lines*20 > fullIn.lines {
 		t.Errorf("partial input of %d lines (full: %d):\n%s", in.lines, fullIn.lines, text)
@@ -452,7 +452,7 @@ func TestPartialInput(t *testing.T) {
 	for tb := range numTables {
 		want[tb][grown.Port.Name] = nil
 	}
-	text = string(b.partialInput(want, false).b)
+	text = string(b.partialInput(want, false, false).b)
 	flush := strings.Index(text, ":PROXYKIT-SVC-"+h+" - [0:0]")
 	undispatch := strings.Index(text, "-D PROXYKIT-SERVICES -m comment --comment \"bench/svc-00050:http/TCP cluster IP\"")
 	remove := strings.Index(text, "-X PROXYKIT-SVC-"+h)

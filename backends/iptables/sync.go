@@ -48,6 +48,12 @@ type backend struct {
 	// adopting them, as the legacy flavour always does: set when a
 	// check found them not as adopted, or could not tell.
 	listFirst bool
+	// distrust makes the complete rewrites until one succeeds write
+	// everything, whatever the fingerprint rule says: set when a
+	// partial sync found our rules changed behind our back (a flushed
+	// table may keep the fingerprint chain of the other, and the jumps
+	// the sync put back).
+	distrust bool
 	// listChains, set by tests only, replaces the runner's
 	// ChainsChecked in the check.
 	listChains chainLister
@@ -224,6 +230,7 @@ func (b *backend) sync(ctx context.Context, req *proxier.SyncRequest) error {
 	if errors.Is(err, errDrift) {
 		b.log.Warn("our rules were flushed or changed behind our back; rewriting everything")
 		b.st = nil
+		b.distrust = true
 		return b.syncFull(ctx, req)
 	}
 	return err
