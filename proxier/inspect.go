@@ -221,21 +221,7 @@ func WantFrontends(sp *model.ServicePort, t *Targets, opts WantOptions) ([]Front
 	ext := Frontend{Endpoints: model.DistinctAddrs(t.External, nil)}
 	ext.Verdict = noEndpointVerdict(t, len(ext.Endpoints))
 	if sp.ExternalLocal() && t.HasEndpoints && !opts.NoShortCircuit {
-		short := model.DistinctAddrs(t.ShortCircuit(), nil)
-		var every, some []netip.AddrPort
-		for _, a := range ext.Endpoints {
-			if slices.Contains(short, a) {
-				every = append(every, a)
-			} else {
-				some = append(some, a)
-			}
-		}
-		for _, a := range short {
-			if !slices.Contains(every, a) {
-				some = append(some, a)
-			}
-		}
-		ext.Endpoints, ext.SomeSources = every, some
+		ext.Endpoints, ext.SomeSources = SplitEndpoints(ext.Endpoints, model.DistinctAddrs(t.ShortCircuit(), nil))
 	}
 	if sp.NodePort != 0 {
 		f := ext
@@ -671,4 +657,24 @@ func (f FrontendJSON) String() string {
 		parts = append(parts, " ["+f.Detail+"]")
 	}
 	return strings.Join(parts, " ")
+}
+
+// SplitEndpoints returns the endpoints both a and b hold (every source
+// reaches them, as [Frontend.Endpoints]) and those only one of them
+// holds (some sources do, as [Frontend.SomeSources]): a's first, in
+// their order.
+func SplitEndpoints(a, b []netip.AddrPort) (every, some []netip.AddrPort) {
+	for _, e := range a {
+		if slices.Contains(b, e) {
+			every = append(every, e)
+		} else {
+			some = append(some, e)
+		}
+	}
+	for _, e := range b {
+		if !slices.Contains(a, e) {
+			some = append(some, e)
+		}
+	}
+	return every, some
 }

@@ -74,7 +74,8 @@ func (st *nsState) frontends() []proxier.Frontend {
 		if hasShort {
 			eps, m := st.endpoints(sv)
 			missing += m
-			f.Endpoints, f.SomeSources = splitEndpoints(f.Endpoints, eps)
+			f.Endpoints, f.SomeSources = proxier.SplitEndpoints(f.Endpoints, eps)
+			slices.SortFunc(f.SomeSources, netip.AddrPort.Compare)
 			// A verdict of either part meets some sources.
 			f.Verdict = cmp.Or(f.Verdict, sv.verdict())
 		}
@@ -135,23 +136,4 @@ func (v nsfeVal) verdict() string {
 		return "reject"
 	}
 	return ""
-}
-
-// splitEndpoints returns the endpoints both a and b hold (every source
-// reaches them) and those only one holds (some sources do), sorted.
-func splitEndpoints(a, b []netip.AddrPort) (every, some []netip.AddrPort) {
-	for _, e := range a {
-		if slices.Contains(b, e) {
-			every = append(every, e)
-		} else {
-			some = append(some, e)
-		}
-	}
-	for _, e := range b {
-		if !slices.Contains(a, e) {
-			some = append(some, e)
-		}
-	}
-	slices.SortFunc(some, netip.AddrPort.Compare)
-	return every, some
 }
