@@ -118,8 +118,8 @@ func (r *reader) read(ctx context.Context) ([]proxier.Frontend, error) {
 	}
 	var svcs []*mipvs.Service
 	if r.ipvs != nil {
-		if svcs, err = r.ipvs.GetServices(); err != nil {
-			return nil, fmt.Errorf("ipvs: list IPVS services: %w", err)
+		if svcs, err = dumpServices(r.ipvs); err != nil {
+			return nil, fmt.Errorf("ipvs: %w", err)
 		}
 	}
 	dests := func(s *mipvs.Service) ([]*mipvs.Destination, error) {

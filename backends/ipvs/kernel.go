@@ -89,9 +89,9 @@ type kernelDest struct {
 // list returns the virtual servers of the table's family (address-based
 // ones; firewall-mark services are never the backend's).
 func (t *ipvsTable) list() ([]kernelVS, error) {
-	svcs, err := t.h.GetServices()
+	svcs, err := dumpServices(t.h)
 	if err != nil {
-		return nil, fmt.Errorf("list IPVS services: %w", err)
+		return nil, err
 	}
 	var out []kernelVS
 	for _, s := range svcs {
@@ -110,6 +110,52 @@ func (t *ipvsTable) list() ([]kernelVS, error) {
 		out = append(out, k)
 	}
 	slices.SortFunc(out, func(a, b kernelVS) int { return compareKeys(a.Key, b.Key) })
+	return out, nil
+}
+
+// maxServiceDumps bounds the dumps dumpServices reads.
+const maxServiceDumps = 8
+
+// serviceID identifies a virtual server in a dump.
+type serviceID struct {
+	fwmark, family, proto, port uint32
+	addr                        netip.Addr
+}
+
+// dumpServices lists the namespace's virtual servers. The kernel keeps
+// the virtual servers of every network namespace in one hash table and
+// resumes a dump that spans several messages at a position counted over
+// all namespaces' entries, so a virtual server added or removed in
+// another namespace between two parts of the dump shifts the position:
+// entries of this namespace are then skipped (or repeated). Nothing
+// flags such a dump, so it is read again until one dump holds exactly
+// what all dumps together found (at most maxServiceDumps reads), and the
+// union is returned. The union is exact for the proxier's own namespace, which
+// nobody else writes while the proxier reads it.
+func dumpServices(h *mipvs.Handle) ([]*mipvs.Service, error) {
+	seen := map[serviceID]bool{}
+	var out []*mipvs.Service
+	for i := range maxServiceDumps {
+		svcs, err := h.GetServices()
+		if err != nil {
+			return nil, fmt.Errorf("list IPVS services: %w", err)
+		}
+		added, distinct := 0, map[serviceID]bool{}
+		for _, s := range svcs {
+			a, _ := netip.AddrFromSlice(s.Address)
+			id := serviceID{s.FWMark, uint32(s.AddressFamily), uint32(s.Protocol), uint32(s.Port), a.Unmap()}
+			distinct[id] = true
+			if !seen[id] {
+				seen[id] = true
+				out = append(out, s)
+				added++
+			}
+		}
+		// A dump that found nothing new and everything known.
+		if i > 0 && added == 0 && len(distinct) == len(seen) {
+			break
+		}
+	}
 	return out, nil
 }
 
