@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -208,8 +210,27 @@ func (r *reporter) follow(ctx context.Context, j testJob, base string, exited <-
 	}
 	if pr.Status == "FAIL" && !r.verbose && !r.json {
 		r.printLines(r.lines[""])
+		r.printUnfinished()
 	}
 	r.finish(pr)
+}
+
+// maxUnfinishedLines bounds the output printed per unfinished test.
+const maxUnfinishedLines = 200
+
+// printUnfinished prints the output of the tests that started but never
+// ended (a hung test, or the tests a timeout's panic names), whose lines
+// are otherwise printed only when a test ends: the last
+// maxUnfinishedLines of each.
+func (r *reporter) printUnfinished() {
+	for _, name := range slices.Sorted(maps.Keys(r.lines)) {
+		lines := r.lines[name]
+		if name == "" || r.status[name] != "" || len(lines) == 0 {
+			continue
+		}
+		fmt.Fprintf(r.w, "vmtest: %s did not finish; its last output:\n", name)
+		r.printLines(lines[max(0, len(lines)-maxUnfinishedLines):])
+	}
 }
 
 // finish prints the package line.

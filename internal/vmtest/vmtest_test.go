@@ -247,6 +247,31 @@ func TestReporter(t *testing.T) {
 	}
 }
 
+// TestReporterUnfinished: a test that never ends (a hang, or a timeout's
+// panic whose process cannot exit) still has its output printed.
+func TestReporterUnfinished(t *testing.T) {
+	var out bytes.Buffer
+	r := newReporter(&out, false, false, &Result{})
+	r.start("example.com/p")
+	for _, ev := range []event{
+		{Action: "run", Test: "TestA"},
+		{Action: "output", Test: "TestA", Output: "    a_test.go:1: fine\n"},
+		{Action: "output", Test: "TestA", Output: "--- PASS: TestA (0.00s)\n"},
+		{Action: "pass", Test: "TestA"},
+		{Action: "run", Test: "TestHung/IPv6"},
+		{Action: "output", Test: "TestHung/IPv6", Output: "=== RUN   TestHung/IPv6\n"},
+		{Action: "output", Test: "TestHung/IPv6", Output: "    h_test.go:7: waiting for the kernel\n"},
+	} {
+		b, _ := json.Marshal(ev)
+		r.line(b)
+	}
+	r.printUnfinished()
+	want := "vmtest: TestHung/IPv6 did not finish; its last output:\n    h_test.go:7: waiting for the kernel\n"
+	if out.String() != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
 func TestTailFile(t *testing.T) {
 	dir := t.TempDir()
 	out, done := filepath.Join(dir, "x.out"), filepath.Join(dir, "x.rc")
