@@ -547,36 +547,58 @@ func TestKernelRefusedRuleInLaterRun(t *testing.T) {
 	}
 }
 
-// TestKernelRefusedFilterRuleAtFirstSync: the first sync into tables
-// holding nothing of ours inserts the jumps from the built-in chains.
-// When a filter rule is refused after the nat table was committed, the
-// retry checks those jumps instead of inserting them a second time.
-func TestKernelRefusedFilterRuleAtFirstSync(t *testing.T) {
+// TestKernelRefusedRuleAtFirstSync: the first sync into tables
+// holding nothing of ours inserts the jumps from the built-in chains. When
+// a rule of either table is refused after the other table's commit (the
+// filter table commits before nat), the retry checks that table's jumps
+// instead of inserting them a second time: each built-in chain ends with
+// as many jumps to our chains as a clean sync writes.
+func TestKernelRefusedRuleAtFirstSync(t *testing.T) {
 	for _, mode := range []Mode{ModeNFT, ModeLegacy} {
-		t.Run(string(mode), func(t *testing.T) {
-			e := newKernelEnv(t, "iptables-"+string(mode)+"-restore")
-			node, p11 := &e.tn.Node1.Host, e.pod(1, 1)
-			b := e.backend(model.IPv4, Config{Mode: mode})
-			web := e.svc(model.IPv4, "web", "10.96.5.1", p11)
-			empty := e.svc(model.IPv4, "empty", "10.96.5.2")
-			badVerdict(b, func(n model.ServicePortName) string {
-				if n == empty.Port.Name {
-					return "REJECT --reject-with pkbogus"
+		for _, refused := range []string{"filter", "nat"} {
+			t.Run(string(mode)+"/"+refused, func(t *testing.T) {
+				e := newKernelEnv(t, "iptables-"+string(mode)+"-restore")
+				node, p11 := &e.tn.Node1.Host, e.pod(1, 1)
+				b := e.backend(model.IPv4, Config{Mode: mode})
+				web := e.svc(model.IPv4, "web", "10.96.5.1", p11)
+				bad := e.svc(model.IPv4, "bad", "10.96.5.2")
+				want := "pkbogus"
+				if refused == "filter" {
+					badVerdict(b, func(n model.ServicePortName) string {
+						if n == bad.Port.Name {
+							return "REJECT --reject-with pkbogus"
+						}
+						return ""
+					})
+				} else {
+					bad = e.svc(model.IPv4, "bad", "10.96.5.2", p11)
+					want = "--to-destination"
+					badRule(b, func(n model.ServicePortName) string {
+						if n == bad.Port.Name {
+							return "-j DNAT --to-destination 10.0.0.1:pkbogus"
+						}
+						return ""
+					})
 				}
-				return ""
+				err := b.Sync(t.Context(), request(model.IPv4, []testSvc{web, bad}, nil))
+				checkRefused(t, err, bad.Port.Name, want)
+				if got := e.answers(node, "10.96.5.1:80"); got != p11.Name {
+					t.Fatalf("web: %s, want %s", got, p11.Name)
+				}
+				for _, c := range []struct {
+					table, chain string
+					jumps        int
+				}{
+					{"nat", "PREROUTING", 1}, {"nat", "OUTPUT", 1}, {"nat", "POSTROUTING", 1},
+					{"filter", "INPUT", 2}, {"filter", "FORWARD", 3}, {"filter", "OUTPUT", 2},
+				} {
+					out := e.exec("iptables-"+string(mode), "-w", "-t", c.table, "-S", c.chain)
+					if n := strings.Count(out, "-j PROXYKIT-"); n != c.jumps {
+						t.Errorf("%d jumps to our chains in %s %s, want %d:\n%s", n, c.table, c.chain, c.jumps, out)
+					}
+				}
 			})
-			err := b.Sync(t.Context(), request(model.IPv4, []testSvc{web, empty}, nil))
-			checkRefused(t, err, empty.Port.Name, "pkbogus")
-			if got := e.answers(node, "10.96.5.1:80"); got != p11.Name {
-				t.Fatalf("web: %s, want %s", got, p11.Name)
-			}
-			for _, c := range []string{"PREROUTING", "OUTPUT", "POSTROUTING"} {
-				out := e.exec("iptables-"+string(mode), "-w", "-t", "nat", "-S", c)
-				if n := strings.Count(out, "-j PROXYKIT-"); n != 1 {
-					t.Errorf("%d jumps to our chains in nat %s, want 1:\n%s", n, c, out)
-				}
-			}
-		})
+		}
 	}
 }
 
