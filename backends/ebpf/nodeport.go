@@ -218,6 +218,8 @@ const (
 	// externalTrafficPolicy Local service where their packets reach
 	// tc untranslated (kube-proxy's short circuit; nsfeKeyShort).
 	roleShort
+	// numGroupRoles counts the roles.
+	numGroupRoles
 )
 
 // nsfeKeyShort is the Pad of a frontend's key whose entry holds its
@@ -611,12 +613,12 @@ type portPlan struct {
 	// short are the keys of the short circuit (roleShort).
 	short []nsfeKey
 	// eps are the distinct endpoints of each groupRole.
-	eps [3][]netip.AddrPort
+	eps [numGroupRoles][]netip.AddrPort
 }
 
 // size returns the frontends and endpoint slots the plan holds.
 func (p *portPlan) size() (fes, slots int) {
-	return len(p.internal) + len(p.external) + len(p.ranged) + len(p.short), len(p.eps[0]) + len(p.eps[1]) + len(p.eps[2])
+	return len(p.internal) + len(p.external) + len(p.ranged) + len(p.short), len(p.eps[roleInternal]) + len(p.eps[roleExternal]) + len(p.eps[roleShort])
 }
 
 // plan returns the plan of service port sp with targets tg.
@@ -624,10 +626,10 @@ func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) *portPlan {
 	p := &portPlan{}
 	p.internal, p.external, p.ranged = tcFrontends(t.family, sp)
 	if len(p.internal) > 0 {
-		p.eps[0] = addrs(tg.Internal)
+		p.eps[roleInternal] = addrs(tg.Internal)
 	}
 	if len(p.external) > 0 || len(p.ranged) > 0 {
-		p.eps[1] = addrs(tg.External)
+		p.eps[roleExternal] = addrs(tg.External)
 	}
 	if sp.ExternalLocal() {
 		// Pods' packets reach tc untranslated for load-balancer
@@ -646,7 +648,7 @@ func (t *tcBackend) plan(sp *model.ServicePort, tg *proxier.Targets) *portPlan {
 			}
 		}
 		if len(p.short) > 0 {
-			p.eps[2] = addrs(tg.ShortCircuit())
+			p.eps[roleShort] = addrs(tg.ShortCircuit())
 		}
 	}
 	return p
@@ -661,7 +663,7 @@ func (t *tcBackend) leave(name model.ServicePortName, err error) error {
 
 // forget drops the groups of service port name.
 func (t *tcBackend) forget(name model.ServicePortName) {
-	for r := range roleShort + 1 {
+	for r := range numGroupRoles {
 		delete(t.groups, groupName{name, r})
 	}
 }
@@ -833,9 +835,9 @@ func (t *tcBackend) renderPort(st *nsState, name model.ServicePortName, sp *mode
 		eps  []*model.Endpoint
 		want []netip.AddrPort
 	}{
-		{roleInternal, p.internal, tg.Internal, p.eps[0]},
-		{roleExternal, p.external, tg.External, p.eps[1]},
-		{roleShort, p.short, tg.ShortCircuit(), p.eps[2]},
+		{roleInternal, p.internal, tg.Internal, p.eps[roleInternal]},
+		{roleExternal, p.external, tg.External, p.eps[roleExternal]},
+		{roleShort, p.short, tg.ShortCircuit(), p.eps[roleShort]},
 	} {
 		external := role.role == roleExternal
 		gn := groupName{name, role.role}

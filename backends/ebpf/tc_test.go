@@ -139,7 +139,7 @@ func TestTCPlanShortCircuit(t *testing.T) {
 	if len(p.short) != 1 || p.short[0].Pad != nsfeKeyShort || p.short[0].Addr != mapped16(a("203.0.113.2")) {
 		t.Fatalf("TCP with ranges: short-circuit keys %+v, want the load-balancer IP's", p.short)
 	}
-	if len(p.eps[2]) != 2 {
+	if len(p.eps[roleShort]) != 2 {
 		t.Errorf("short circuit endpoints %v, want both", p.eps[2])
 	}
 	sp.Protocol = model.SCTP
