@@ -569,7 +569,13 @@ func (p *tcPlane) attachLocked(d tcDevice) error {
 		dropLink(old.out)
 	}
 	if old.outF != nil && a.outF == nil {
-		p.delFilter(old.outF, old.name)
+		if err := p.delFilter(old.outF, old.name); err != nil {
+			// Kept, so that the next attach or the detach tries
+			// again; until then it serves only the SCTP frontends'
+			// packets the node sends out of this interface.
+			p.log.Warn("tc: the egress filter of an interface no longer external is not removed", "interface", old.name, "err", err)
+			a.outF = old.outF
+		}
 	}
 	p.atts[d.index] = a
 	with := "tcx"
