@@ -25,6 +25,7 @@ const (
 
 	chainServices       = "services"
 	chainEndpointsCheck = "endpoints-check"
+	chainNodePortsCheck = "nodeport-endpoints-check"
 	chainReject         = "reject-chain"
 	chainMasqCluster    = "mark-cluster-masquerade"
 )

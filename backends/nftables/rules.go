@@ -179,6 +179,12 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 	add(chainReject, nil, fi.rejectRule())
 	add(chainEndpointsCheck, nil,
 		append(ipKey[:len(ipKey):len(ipKey)], nftnl.VMap(setNoEndpointIPs, nftnl.Reg(0))),
+	)
+	// Node ports only on input, as kube-proxy: a forwarded packet or
+	// one the node sends is never to a node port of its own (the node's
+	// own reach input), and the check's FIB lookup would cost every new
+	// packet there (every datagram of a flow no reply has come back on).
+	add(chainNodePortsCheck, nil,
 		append(fi.nodePortMatch(nodePortAddrs), append(nftnl.PortKeyExprs(), nftnl.VMap(setNoEndpointPorts, nftnl.Reg(0)))...),
 	)
 	add(chainServices, nil,
@@ -204,7 +210,8 @@ func (fi *familyInfo) skeleton(bit uint32, nodePortAddrs bool, masqAll bool, clu
 	unallocatedDrop := append(nftnl.CtStateNew(), fi.LoadDaddr(nftnl.Reg(0)), nftnl.Lookup(setServiceCIDRs, nftnl.Reg(0), false), nftnl.Drop())
 	add(chainFilterPrerouting, &nftnl.Hook{Num: unix.NF_INET_PRE_ROUTING, Priority: prioFilterPreDNAT, Type: "filter"}, fi.firewallRule())
 	add(chainFilterOutput, &nftnl.Hook{Num: unix.NF_INET_LOCAL_OUT, Priority: prioFilterPreDNAT, Type: "filter"}, fi.firewallRule())
-	add(chainFilterInput, &nftnl.Hook{Num: unix.NF_INET_LOCAL_IN, Priority: prioFilterPreDNAT, Type: "filter"}, newCheck)
+	add(chainFilterInput, &nftnl.Hook{Num: unix.NF_INET_LOCAL_IN, Priority: prioFilterPreDNAT, Type: "filter"},
+		newCheck, append(nftnl.CtStateNew(), nftnl.Jump(chainNodePortsCheck)))
 	add(chainFilterForward, &nftnl.Hook{Num: unix.NF_INET_FORWARD, Priority: prioFilterPreDNAT, Type: "filter"}, newCheck, clusterIPReject, unallocatedDrop)
 	// The node's own traffic is checked after DNAT, as on input and
 	// forward: what a service chain sent on is not dropped.

@@ -85,18 +85,21 @@ func terminatingFallback(e *env) {
 
 // noEndpointsRejects: a service without endpoints (an empty slice, or no
 // slice at all) rejects TCP and UDP at once, from the node, from a pod and
-// on its node port from outside, instead of letting clients hang.
+// on its node port from outside, the node and a pod, instead of letting
+// clients hang.
 func noEndpointsRejects(e *env) {
 	empty := e.service("empty", ports(tcpPort("tcp", 80, 8080), udpPort("udp", 53, 8081)), nodePorts(30100, 30101))
 	noSlice := e.service("noslice")
 	e.apply(empty, e.slicesFor(empty), noSlice)
 	e.start()
+	ext := e.tn.Node1.ExternalIP(e.fam)
 	for _, from := range []*testnet.Host{e.node1(), &e.pod(1, 3).Host} {
 		e.rejected(from, tcpTo(e.clusterIP(empty, 80)))
 		e.rejected(from, udpTo(e.clusterIP(empty, 53)))
 		e.rejected(from, tcpTo(e.clusterIP(noSlice, 80)))
+		e.rejected(from, tcpTo(addrPort(ext, 30100)))
+		e.rejected(from, udpTo(addrPort(ext, 30101)))
 	}
-	ext := e.tn.Node1.ExternalIP(e.fam)
 	e.rejected(e.client(), tcpTo(addrPort(ext, 30100)))
 	e.rejected(e.client(), udpTo(addrPort(ext, 30101)))
 }
