@@ -136,6 +136,29 @@ func TestKernel(t *testing.T) {
 	if fl, err := Detect(ctx, ns, "PKTEST"); err != nil || fl != Legacy {
 		t.Fatalf("Detect with our chain in legacy = %v, %v", fl, err)
 	}
+	// Test parses in an empty namespace of its own: a rule for a chain
+	// only this namespace holds does not parse there, a bad one is
+	// refused with its line, a good one passes, and nothing is written.
+	for _, c := range []struct {
+		input string
+		line  int
+	}{
+		{"*filter\n-A PKTEST-A -j ACCEPT\nCOMMIT\n", 2},
+		{"*filter\n:PKTEST-T - [0:0]\n-A PKTEST-T -m pkbogus -j RETURN\nCOMMIT\n", 3},
+		{"*filter\n:PKTEST-T - [0:0]\n-A PKTEST-T -p tcp -m multiport --dports 1,2 -j RETURN\nCOMMIT\n", 0},
+	} {
+		err := legacy.Test(ctx, []byte(c.input))
+		var re *RestoreError
+		switch {
+		case c.line == 0 && err != nil:
+			t.Errorf("Test(%q) = %v, want nil", c.input, err)
+		case c.line > 0 && (!errors.As(err, &re) || re.Line != c.line):
+			t.Errorf("Test(%q) = %v, want a RestoreError at line %d", c.input, err, c.line)
+		}
+	}
+	if save, err := legacy.Save(ctx, "filter"); err != nil || strings.Contains(string(save), "PKTEST-T") {
+		t.Fatalf("after Test: %v\n%s", err, save)
+	}
 	if _, err := legacy.Command(ctx, "-t", "filter", "-F", "PKTEST-A"); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/proxykit/proxykit/internal/netns"
@@ -215,12 +216,21 @@ type execResult struct {
 // set when the program could not be run or ctx ended; a non-zero exit is
 // reported in exitCode only.
 func (r *Runner) run(ctx context.Context, stdin []byte, prog string, args ...string) (execResult, error) {
+	return r.runIn(ctx, false, stdin, prog, args...)
+}
+
+// runIn is run; with isolated the program runs in a new, empty network
+// namespace of its own instead of the runner's.
+func (r *Runner) runIn(ctx context.Context, isolated bool, stdin []byte, prog string, args ...string) (execResult, error) {
 	var stdout, stderr bytes.Buffer
 	var res execResult
 	err := r.ns.Do(func() error {
 		cmd := exec.CommandContext(ctx, prog, args...)
 		if stdin != nil {
 			cmd.Stdin = bytes.NewReader(stdin)
+		}
+		if isolated {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 		}
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		// The child is forked from this thread, which is in the
@@ -316,10 +326,18 @@ func (r *Runner) Restore(ctx context.Context, input []byte) error {
 }
 
 // Test parses input with *-restore --test --noflush, which loads every
-// extension the input uses but commits nothing.
+// extension the input uses but commits nothing. It runs in a new, empty
+// network namespace: the program reads each table it names before it
+// parses (the legacy flavour the whole table, 1.6 s at 30,000 services),
+// and what it tests, the extensions and the kernel's support for them,
+// is the same in every namespace. Where a namespace cannot be created
+// (no CAP_SYS_ADMIN) it runs in the runner's.
 func (r *Runner) Test(ctx context.Context, input []byte) error {
 	args := append(r.wait[:len(r.wait):len(r.wait)], "--noflush", "--test")
-	res, err := r.run(ctx, input, r.tools.Restore, args...)
+	res, err := r.runIn(ctx, true, input, r.tools.Restore, args...)
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
+		res, err = r.run(ctx, input, r.tools.Restore, args...)
+	}
 	if err != nil {
 		return err
 	}
