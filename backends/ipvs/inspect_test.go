@@ -382,7 +382,7 @@ func logInspectPhases(b *testing.B, be *backend) {
 		b.Fatal(err)
 	}
 	t1 := time.Now()
-	svcs, err := be.ipvs.h.GetServices()
+	svcs, err := dumpServices(be.ipvs.h)
 	if err != nil {
 		b.Fatal(err)
 	}

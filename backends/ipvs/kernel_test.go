@@ -267,7 +267,7 @@ func TestKernelRestartAdopts(t *testing.T) {
 
 func connCount(t *testing.T, h *mipvs.Handle, vip netip.AddrPort) uint32 {
 	t.Helper()
-	svcs, err := h.GetServices()
+	svcs, err := dumpServices(h)
 	if err != nil {
 		t.Fatal(err)
 	}
