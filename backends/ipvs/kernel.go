@@ -130,8 +130,8 @@ type serviceID struct {
 // entries of this namespace are then skipped (or repeated). Nothing
 // flags such a dump, so it is read again until one dump holds exactly
 // what all dumps together found (at most maxServiceDumps reads), and the
-// union is returned. The union is exact for the proxier's own namespace, which
-// nobody else writes while the proxier reads it.
+// union is returned. The union is exact for the proxier's own namespace,
+// which nobody else writes while the proxier reads it.
 func dumpServices(h *mipvs.Handle) ([]*mipvs.Service, error) {
 	seen := map[serviceID]bool{}
 	var out []*mipvs.Service
