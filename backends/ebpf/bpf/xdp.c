@@ -11,10 +11,12 @@
  * maps: a route to a pod's veth, a neighbour not resolved yet, a
  * frontend without endpoints (the ICMP reject), a TTL about to expire.
  *
- * XDP has no checksum helpers: pk_l3_csum and pk_l4_csum update the
- * checksums in place (RFC 1624). That is right for packets from the
- * wire, whose checksums are complete; the kernel hands XDP programs no
- * packet with a partial (offloaded) checksum on a physical device.
+ * The program reads and writes the packet directly (pk_ptr), not
+ * through the byte helpers. XDP has no checksum helpers: pk_l3_csum and
+ * pk_l4_csum update the checksums in place (RFC 1624). That is right
+ * for packets from the wire, whose checksums are complete; the kernel
+ * hands XDP programs no packet with a partial (offloaded) checksum on a
+ * physical device.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -25,14 +27,53 @@
 #define V_DROP XDP_DROP
 #define V_NEXT XDP_PASS
 
+/* PK_MAX_OFF bounds the offsets the datapath reads and writes at (the
+ * headers: Ethernet, IPv4 with options or IPv6, the L4 ports and
+ * checksum), so that the verifier can bound a pointer into the packet. */
+#define PK_MAX_OFF 255
+
+/* pk_ptr returns a pointer to the len bytes at off in the packet, or
+ * NULL when they are not all there. Direct packet access: the byte
+ * helpers (bpf_xdp_load_bytes, bpf_xdp_store_bytes) cost a call and a
+ * memcpy per field, 18% of a forwarding CPU's time with the sink
+ * benchmark. Frames here are linear where the headers are. */
+static __always_inline void *pk_ptr(struct xdp_md *ctx, __u32 off, __u32 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	void *at;
+
+	if (off > PK_MAX_OFF)
+		return NULL;
+	at = data + off;
+	if (at + len > end)
+		return NULL;
+	return at;
+}
+
+/* The copies below go through a pointer the compiler takes for 4-byte
+ * aligned: it then loads and stores whole words, as wide as the stack
+ * side's alignment allows (the verifier requires aligned stack access;
+ * unaligned packet access is allowed where the CPU has it, as on
+ * x86-64 and arm64). */
 static __always_inline long pk_load(struct xdp_md *ctx, __u32 off, void *to, __u32 len)
 {
-	return bpf_xdp_load_bytes(ctx, off, to, len);
+	void *at = pk_ptr(ctx, off, len);
+
+	if (!at)
+		return -1;
+	__builtin_memcpy(to, __builtin_assume_aligned(at, 4), len);
+	return 0;
 }
 
 static __always_inline long pk_store(struct xdp_md *ctx, __u32 off, void *from, __u32 len, __u64 flags)
 {
-	return bpf_xdp_store_bytes(ctx, off, from, len);
+	void *at = pk_ptr(ctx, off, len);
+
+	if (!at)
+		return -1;
+	__builtin_memcpy(__builtin_assume_aligned(at, 4), from, len);
+	return 0;
 }
 
 /* pk_csum updates the checksum at off as bpf_l3_csum_replace and
@@ -42,11 +83,13 @@ static __always_inline long pk_store(struct xdp_md *ctx, __u32 off, void *from, 
  * zero (absent) UDP checksum and never writes one. */
 static __always_inline long pk_csum(struct xdp_md *ctx, __u32 off, __u64 from, __u64 to, __u64 flags)
 {
+	__u16 *at = pk_ptr(ctx, off, sizeof(__u16));
 	__u16 check;
 	__u64 s;
 
-	if (bpf_xdp_load_bytes(ctx, off, &check, sizeof(check)))
+	if (!at)
 		return -1;
+	check = *at;
 	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
 		return 0;
 	s = (__u16)~check;
@@ -70,7 +113,8 @@ static __always_inline long pk_csum(struct xdp_md *ctx, __u32 off, __u64 from, _
 	check = (__u16)~s;
 	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
 		check = 0xffff;
-	return bpf_xdp_store_bytes(ctx, off, &check, sizeof(check));
+	*at = check;
+	return 0;
 }
 
 #define pk_l3_csum pk_csum
@@ -78,10 +122,9 @@ static __always_inline long pk_csum(struct xdp_md *ctx, __u32 off, __u64 from, _
 
 static __always_inline __be16 pk_proto(struct xdp_md *ctx)
 {
-	__be16 proto = 0;
+	__be16 *proto = pk_ptr(ctx, 12, sizeof(*proto));
 
-	bpf_xdp_load_bytes(ctx, 12, &proto, sizeof(proto));
-	return proto;
+	return proto ? *proto : 0;
 }
 
 #define pk_ingress(ctx) ((ctx)->ingress_ifindex)
@@ -135,8 +178,8 @@ static __always_inline int translate(struct xdp_md *ctx, const struct pkt *p, co
 	out = f.ifindex;
 	if (!bpf_map_lookup_elem(&pk_xdptx, &out))
 		goto pass;
-	if (rewrite(ctx, p, n) || dec_ttl(ctx, p) || bpf_xdp_store_bytes(ctx, 0, f.dmac, ETH_ALEN) ||
-	    bpf_xdp_store_bytes(ctx, ETH_ALEN, f.smac, ETH_ALEN))
+	if (rewrite(ctx, p, n) || dec_ttl(ctx, p) || pk_store(ctx, 0, f.dmac, ETH_ALEN, 0) ||
+	    pk_store(ctx, ETH_ALEN, f.smac, ETH_ALEN, 0))
 		return XDP_ABORTED;
 	if (out == ctx->ingress_ifindex) {
 		count(XDP_STAT_TX);
