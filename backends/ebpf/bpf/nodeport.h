@@ -451,12 +451,10 @@ static __always_inline int rewrite_addr(CTX *ctx, const struct pkt *p, __u32 off
 	copy16(o, old);
 	copy16(n, new);
 	if (!p->v6) {
-		diff = bpf_csum_diff(&o[3], 4, &n[3], 4, 0);
-		if (diff < 0)
+		/* A 4-byte replacement, no bpf_csum_diff call. */
+		if (pk_l3_csum(ctx, ETH_HLEN + 10, o[3], n[3], 4))
 			return -1;
-		if (pk_l3_csum(ctx, ETH_HLEN + 10, 0, diff, 0))
-			return -1;
-		if (p->t.proto != IPPROTO_SCTP && pk_l4_csum(ctx, p->csumoff, 0, diff, flags))
+		if (p->t.proto != IPPROTO_SCTP && pk_l4_csum(ctx, p->csumoff, o[3], n[3], flags | 4))
 			return -1;
 		return pk_store(ctx, off, &n[3], 4, 0);
 	}
@@ -619,16 +617,19 @@ static __always_inline long fib(CTX *ctx, const struct pkt *p, const __be32 src[
 #define TCP_RST 0x04
 #define TCP_ACK 0x10
 
+/* now_units is the time in the units of a reverse entry's seen (about
+ * a second): the coarse clock (CLOCK_MONOTONIC_COARSE, a tick behind at
+ * most) is plenty, and unlike bpf_ktime_get_ns it reads no clock
+ * source. Read once per packet. */
 static __always_inline __u16 now_units(void)
 {
-	return (__u16)(bpf_ktime_get_ns() >> 30);
+	return (__u16)(bpf_ktime_get_coarse_ns() >> 30);
 }
 
-/* note records a packet of a flow in its reverse entry r: its time,
- * and a FIN (fin_bit: from which side) or RST. */
-static __always_inline void note(struct nat *r, const struct pkt *p, __u8 fin_bit)
+/* note records a packet of a flow in its reverse entry r: its time
+ * (now, now_units()), and a FIN (fin_bit: from which side) or RST. */
+static __always_inline void note(struct nat *r, const struct pkt *p, __u8 fin_bit, __u16 now)
 {
-	__u16 now = now_units();
 	__u8 state = r->state;
 
 	if (p->t.proto == IPPROTO_TCP) {
@@ -671,15 +672,16 @@ static __always_inline int reply(CTX *ctx, const struct pkt *p, struct nat *out)
 
 	if (!n)
 		return -1;
-	note(n, p, CT_FIN_OUT);
+	note(n, p, CT_FIN_OUT, now_units());
 	*out = *n;
 	out->flags = 0;
 	return V_TRANSLATE;
 }
 
 /* reverse_of fills the reverse NAT entry of a flow from the client
- * tuple t translated to n. */
-static __always_inline void reverse_of(const struct tuple *t, const struct nat *n, struct tuple *rk, struct nat *rv)
+ * tuple t translated to n, seen now (now_units()). */
+static __always_inline void reverse_of(const struct tuple *t, const struct nat *n, struct tuple *rk, struct nat *rv,
+				       __u16 now)
 {
 	copy16(rk->saddr, n->daddr);
 	copy16(rk->daddr, n->saddr);
@@ -695,7 +697,7 @@ static __always_inline void reverse_of(const struct tuple *t, const struct nat *
 	rv->dport = t->sport;
 	rv->state = 0;
 	rv->flags = 0;
-	rv->seen = now_units();
+	rv->seen = now;
 }
 
 static __always_inline struct nsfe_val *lookup_fe(const struct pkt *p, __u8 variant);
@@ -736,7 +738,8 @@ static __always_inline int tracked(CTX *ctx, const struct pkt *p, struct nat *ou
 	if (!e)
 		return -1;
 	struct nat n = *e;
-	reverse_of(&p->t, &n, &rk, &rv);
+	__u16 now = now_units();
+	reverse_of(&p->t, &n, &rk, &rv, now);
 	struct nat *r = bpf_map_lookup_elem(&pk_nsrev, &rk);
 	int reopen = r && p->t.proto == IPPROTO_TCP && (p->tcpflags & (TCP_SYN | TCP_ACK)) == TCP_SYN && closed(r, IPPROTO_TCP, n.flags & NAT_DSR);
 	if (reopen || stale(p, &n)) {
@@ -745,7 +748,7 @@ static __always_inline int tracked(CTX *ctx, const struct pkt *p, struct nat *ou
 		return -1;
 	}
 	if (r)
-		note(r, p, CT_FIN_IN);
+		note(r, p, CT_FIN_IN, now);
 	else
 		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
 	*out = n;
@@ -978,14 +981,15 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 	struct nat rv;
 	__u32 span = (__u32)snat_port_max - snat_port_min + 1;
 	__be16 reuse = 0;
+	__u16 now = now_units();
 
 	if (!snat) {
-		reverse_of(&p->t, n, &rk, &rv);
+		reverse_of(&p->t, n, &rk, &rv, now);
 		bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_ANY);
 		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 	}
 	n->sport = own_port(&p->t, span);
-	reverse_of(&p->t, n, &rk, &rv);
+	reverse_of(&p->t, n, &rk, &rv, now);
 	if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
 		return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 	struct nat *own = bpf_map_lookup_elem(&pk_nsrev, &rk);
@@ -993,7 +997,7 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 		return take(p, n, &rk, &rv);
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		n->sport = bpf_htons((__u16)(snat_port_min + bpf_get_prandom_u32() % span));
-		reverse_of(&p->t, n, &rk, &rv);
+		reverse_of(&p->t, n, &rk, &rv, now);
 		if (bpf_map_update_elem(&pk_nsrev, &rk, &rv, BPF_NOEXIST) == 0)
 			return bpf_map_update_elem(&pk_nsct, &p->t, n, BPF_ANY);
 		if (!reuse) {
@@ -1005,7 +1009,7 @@ static __always_inline int claim(const struct pkt *p, struct nat *n, int snat)
 	if (!reuse)
 		return -1;
 	n->sport = reuse;
-	reverse_of(&p->t, n, &rk, &rv);
+	reverse_of(&p->t, n, &rk, &rv, now);
 	return take(p, n, &rk, &rv);
 }
 
