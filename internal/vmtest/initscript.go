@@ -78,6 +78,16 @@ func initScript(c initConfig) string {
 	if c.SrcDir != "" {
 		w("mkdir -p %s && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro %s %s || echo 'vmtest: cannot mount the source tree'", shQuote(c.SrcDir), srcTag, shQuote(c.SrcDir))
 	}
+	// A heartbeat on the console (not "vmtest:" lines, so only the
+	// console log and its tail after a failure show them): whether the
+	// VM still ran and how much memory it had left, every minute. Once a
+	// test binary has run 15 s past its timeout (its own panic should
+	// have ended it), the kernel lists the blocked tasks (sysrq w) for
+	// the tail to show, before the VM's own limit (a minute after).
+	w("( i=0; while sleep 15; do i=$((i+1)); now=$(cut -d. -f1 /proc/uptime); "+
+		"[ $((i %% 4)) -eq 0 ] && echo \"heartbeat: ${now}s, $(grep MemAvailable /proc/meminfo | tr -s ' '), load $(cut -d' ' -f1-3 /proc/loadavg)\"; "+
+		"if [ -f /tmp/binary-start ] && [ $((now - $(cat /tmp/binary-start))) -gt %d ]; then echo \"heartbeat: a test binary ran past its timeout; blocked tasks:\"; echo w > /proc/sysrq-trigger; rm -f /tmp/binary-start; fi; done ) &",
+		int(c.TestTimeout.Seconds())+15)
 	w("export HOME=/tmp TMPDIR=/tmp GOTRACEBACK=all")
 	for _, kv := range c.Env {
 		w("export %s", shQuote(kv))
@@ -92,6 +102,7 @@ func initScript(c initConfig) string {
 		w("mkdir -p %s/out", shareMount)
 		w("if [ -d %s ]; then cd %s; else mkdir -p /tmp/%s && cd /tmp/%s; fi", shQuote(j.Dir), shQuote(j.Dir), j.Out, j.Out)
 		w("t0=$(cut -d' ' -f1 /proc/uptime)")
+		w("cut -d. -f1 /proc/uptime >/tmp/binary-start")
 		w("%s/bin/%s %s >%s.out 2>&1", shareMount, j.Binary, strings.Join(args, " "), out)
 		// exit status and run time in seconds
 		w("echo $? $(awk -v t0=$t0 '{print $1-t0}' /proc/uptime) >%s.rc.tmp && mv %s.rc.tmp %s.rc", out, out, out)

@@ -236,7 +236,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		if problem != "" {
 			fmt.Fprintf(stderr, "vmtest: %s\n", problem)
 		}
-		fmt.Fprintf(stderr, "vmtest: last lines of the console (%s):\n%s", filepath.Join(work, "console.log"), tail(filepath.Join(work, "console.log"), 40))
+		fmt.Fprintf(stderr, "vmtest: last lines of the console (%s):\n%s", filepath.Join(work, "console.log"), tail(filepath.Join(work, "console.log"), 80))
 	}
 	fmt.Fprintf(stderr, "vmtest: build+pack %v, boot %v, whole run %v\n",
 		res.Build.Round(100*time.Millisecond), res.Boot.Round(100*time.Millisecond), res.Total.Round(100*time.Millisecond))

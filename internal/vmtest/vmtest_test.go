@@ -202,6 +202,8 @@ func TestInitScript(t *testing.T) {
 		"export PROXYKIT_REQUIRE_IPVS=1",
 		"/pk/bin/00-p.test -test.v=test2json -test.paniconexit0 -test.timeout=5m0s -test.run 'A B' >/pk/out/00.out 2>&1",
 		"mv /pk/out/00.rc.tmp /pk/out/00.rc",
+		"heartbeat: ${now}s",
+		"-gt 315 ]; then echo \"heartbeat: a test binary ran past its timeout; blocked tasks:\"; echo w > /proc/sysrq-trigger",
 		"poweroff -f",
 	} {
 		if !strings.Contains(s, want) {
