@@ -28,14 +28,7 @@ import (
 // and UDP, with the sources a node port's flows get. Both attach paths
 // run.
 func TestTCInterfaceReplaced(t *testing.T) {
-	for _, mode := range []struct {
-		name   string
-		legacy bool
-	}{{"tcx", false}, {"clsact", true}} {
-		t.Run(mode.name, func(t *testing.T) {
-			forFamilies(t, func(t *testing.T, f model.IPFamily) { testTCInterfaceReplaced(t, f, mode.legacy) })
-		})
-	}
+	forAttachModes(t, testTCInterfaceReplaced)
 }
 
 func testTCInterfaceReplaced(t *testing.T, f model.IPFamily, legacy bool) {

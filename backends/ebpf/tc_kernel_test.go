@@ -201,12 +201,19 @@ func extIP(f model.IPFamily, x byte) netip.Addr {
 // endpoints rejects (ICMP port unreachable). node1 holds no netfilter rule all along. Both attach
 // paths run: tcx (where the kernel has it) and clsact with cls_bpf.
 func TestTCNorthSouth(t *testing.T) {
+	forAttachModes(t, testTCNorthSouth)
+}
+
+// forAttachModes runs fn for each way the tc programs attach, tcx
+// (legacy false, where the kernel has it) and clsact with cls_bpf
+// (legacy true), and for each family.
+func forAttachModes(t *testing.T, fn func(t *testing.T, f model.IPFamily, legacy bool)) {
 	for _, mode := range []struct {
 		name   string
 		legacy bool
 	}{{"tcx", false}, {"clsact", true}} {
 		t.Run(mode.name, func(t *testing.T) {
-			forFamilies(t, func(t *testing.T, f model.IPFamily) { testTCNorthSouth(t, f, mode.legacy) })
+			forFamilies(t, func(t *testing.T, f model.IPFamily) { fn(t, f, mode.legacy) })
 		})
 	}
 }

@@ -22,14 +22,7 @@ import (
 // node's packets then go unserved. Both attach paths run: tcx and
 // clsact with cls_bpf.
 func TestTCNodeSCTP(t *testing.T) {
-	for _, mode := range []struct {
-		name   string
-		legacy bool
-	}{{"tcx", false}, {"clsact", true}} {
-		t.Run(mode.name, func(t *testing.T) {
-			forFamilies(t, func(t *testing.T, f model.IPFamily) { testTCNodeSCTP(t, f, mode.legacy) })
-		})
-	}
+	forAttachModes(t, testTCNodeSCTP)
 }
 
 func testTCNodeSCTP(t *testing.T, f model.IPFamily, legacy bool) {
