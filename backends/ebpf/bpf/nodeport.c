@@ -14,11 +14,60 @@
  * node's own SCTP packets, which no socket program sees.
  */
 #include <linux/bpf.h>
+#include <linux/if_ether.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
 #define CTX struct __sk_buff
-#define pk_load bpf_skb_load_bytes
+
+/* PK_MAX_OFF bounds the offsets pk_load reads at (the headers), so that
+ * the verifier can bound a pointer into the packet. */
+#define PK_MAX_OFF 255
+
+/* PK_HDRS is the most header bytes parse reads: Ethernet, IPv4 with
+ * options, and the TCP header up to its flags. */
+#define PK_HDRS (ETH_HLEN + 60 + 14)
+
+/* pk_pull makes the headers parse reads (PK_HDRS, or the whole packet
+ * when it is shorter) linear where they are not (rare: the stack hands
+ * tc packets with their headers in the linear part), so that pk_load
+ * finds them. */
+static __always_inline void pk_pull(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 len = skb->len;
+
+	if (len > PK_HDRS)
+		len = PK_HDRS;
+	if (data + len > end)
+		bpf_skb_pull_data(skb, len);
+}
+
+/* pk_load reads the headers directly in the skb's linear part, not
+ * through bpf_skb_load_bytes (a call and a memcpy per field). The copy
+ * claims no alignment: the IP header is at offset 14, 2 mod 4 from
+ * where the frame starts, so the compiler copies byte by byte. The
+ * empty asm that takes the destination's address keeps the copy in
+ * memory, as the helper did: else the compiler holds the bytes (40 of
+ * an IPv6 header) in registers, and their spills take pk_tc_ext past
+ * the 512-byte stack. */
+static __always_inline long pk_load(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	void *at;
+
+	if (off > PK_MAX_OFF)
+		return -1;
+	at = data + off;
+	if (at + len > end)
+		return -1;
+	__builtin_memcpy(to, at, len);
+	asm volatile("" : : "r"(to));
+	return 0;
+}
+
 #define pk_store bpf_skb_store_bytes
 #define pk_l3_csum bpf_l3_csum_replace
 #define pk_l4_csum bpf_l4_csum_replace

@@ -16,6 +16,8 @@
  *
  * The including file defines the context and how to reach its packet:
  *   CTX                                   struct __sk_buff or struct xdp_md
+ *   pk_pull(ctx)                          make the headers readable by
+ *                                         pk_load (before parse reads)
  *   pk_load(ctx, off, to, len)            copy bytes out of the packet
  *   pk_store(ctx, off, from, len, flags)  copy bytes into it
  *   pk_l3_csum(ctx, off, from, to, flags) bpf_l3_csum_replace's meaning
@@ -392,6 +394,7 @@ static __always_inline int parse(CTX *ctx, struct pkt *p)
 {
 	__be16 proto = pk_proto(ctx);
 
+	pk_pull(ctx);
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr4 h;
 

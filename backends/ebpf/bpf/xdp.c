@@ -51,18 +51,17 @@ static __always_inline void *pk_ptr(struct xdp_md *ctx, __u32 off, __u32 len)
 	return at;
 }
 
-/* The copies below go through a pointer the compiler takes for 4-byte
- * aligned: it then loads and stores whole words, as wide as the stack
- * side's alignment allows (the verifier requires aligned stack access;
- * unaligned packet access is allowed where the CPU has it, as on
- * x86-64 and arm64). */
+/* The copies below, and the reads and writes of a checksum or the
+ * Ethernet type, claim no alignment of the packet side: the IP header
+ * is at offset 14 (2 mod 4 from where the frame starts) and IPv4
+ * options move the L4 header, so the compiler copies byte by byte. */
 static __always_inline long pk_load(struct xdp_md *ctx, __u32 off, void *to, __u32 len)
 {
 	void *at = pk_ptr(ctx, off, len);
 
 	if (!at)
 		return -1;
-	__builtin_memcpy(to, __builtin_assume_aligned(at, 4), len);
+	__builtin_memcpy(to, at, len);
 	return 0;
 }
 
@@ -72,7 +71,7 @@ static __always_inline long pk_store(struct xdp_md *ctx, __u32 off, void *from, 
 
 	if (!at)
 		return -1;
-	__builtin_memcpy(__builtin_assume_aligned(at, 4), from, len);
+	__builtin_memcpy(at, from, len);
 	return 0;
 }
 
@@ -83,13 +82,13 @@ static __always_inline long pk_store(struct xdp_md *ctx, __u32 off, void *from, 
  * zero (absent) UDP checksum and never writes one. */
 static __always_inline long pk_csum(struct xdp_md *ctx, __u32 off, __u64 from, __u64 to, __u64 flags)
 {
-	__u16 *at = pk_ptr(ctx, off, sizeof(__u16));
+	void *at = pk_ptr(ctx, off, sizeof(__u16));
 	__u16 check;
 	__u64 s;
 
 	if (!at)
 		return -1;
-	check = *at;
+	__builtin_memcpy(&check, at, sizeof(check));
 	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
 		return 0;
 	s = (__u16)~check;
@@ -113,18 +112,23 @@ static __always_inline long pk_csum(struct xdp_md *ctx, __u32 off, __u64 from, _
 	check = (__u16)~s;
 	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
 		check = 0xffff;
-	*at = check;
+	__builtin_memcpy(at, &check, sizeof(check));
 	return 0;
 }
 
+/* XDP frames are linear where the headers are. */
+#define pk_pull(ctx)
 #define pk_l3_csum pk_csum
 #define pk_l4_csum pk_csum
 
 static __always_inline __be16 pk_proto(struct xdp_md *ctx)
 {
-	__be16 *proto = pk_ptr(ctx, 12, sizeof(*proto));
+	void *at = pk_ptr(ctx, 12, sizeof(__be16));
+	__be16 proto = 0;
 
-	return proto ? *proto : 0;
+	if (at)
+		__builtin_memcpy(&proto, at, sizeof(proto));
+	return proto;
 }
 
 #define pk_ingress(ctx) ((ctx)->ingress_ifindex)
