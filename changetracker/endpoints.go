@@ -13,12 +13,14 @@ import (
 func (t *Tracker) applySlice(id sliceID, info *sliceInfo) {
 	old := t.slices[id]
 	if old != nil {
+		old.ports = nil // dead: its candidates leave a merged list
 		t.affected = append(t.affected, old.svc)
 		e := t.svcs[old.svc]
 		i := slices.Index(e.slices, old)
 		if info != nil && info.svc == old.svc {
 			e.slices[i] = info // replaced in place
 			t.slices[id] = info
+			e.fresh(info)
 			return
 		}
 		last := len(e.slices) - 1
@@ -35,6 +37,15 @@ func (t *Tracker) applySlice(id sliceID, info *sliceInfo) {
 	t.affected = append(t.affected, info.svc)
 	e := t.entry(info.svc)
 	e.slices = append(e.slices, info)
+	e.fresh(info)
+}
+
+// fresh records a slice new to the Service for the merge of its
+// candidates, if it keeps them.
+func (e *svcEntry) fresh(info *sliceInfo) {
+	if e.merged != nil {
+		e.merged.fresh = append(e.merged.fresh, info)
+	}
 }
 
 // candidate is one occurrence of an endpoint address in a slice, for one
@@ -43,7 +54,7 @@ type candidate struct {
 	port  int // index of the service port among the Service's ports
 	addr  netip.AddrPort
 	ep    *sliceEndpoint
-	slice string
+	info  *sliceInfo // the slice, for its name
 	index int
 }
 
@@ -75,7 +86,7 @@ func compareCandidates(c, d candidate) int {
 	if r := cmp.Compare(d.rank(), c.rank()); r != 0 {
 		return r
 	}
-	if r := cmp.Compare(c.slice, d.slice); r != 0 {
+	if r := cmp.Compare(c.info.name, d.info.name); r != 0 {
 		return r
 	}
 	return cmp.Compare(c.index, d.index)
@@ -118,43 +129,70 @@ func (x *portIndex) add(n model.ServicePortName) int {
 	return i
 }
 
+// mergeMin is the number of candidates from which a Service of several
+// slices keeps them sorted between Applies (in svcEntry.merged), so that
+// a change to one of its slices costs time linear in its endpoints
+// instead of a sort of all of them. A variable for the tests.
+var mergeMin = 256
+
+// mergedCands are the sorted candidates of a big Service as of the last
+// Apply, kept so that the next one only sorts the candidates of the
+// slices that changed and merges them in.
+type mergedCands struct {
+	// cands are sorted by compareCandidates, duplicates included.
+	cands []candidate
+	// ports give the service port of each candidate's port index: every
+	// port the list had since it was built, some perhaps gone.
+	ports portIndex
+	// clusterIP is the cluster IP whose endpoints were left out.
+	clusterIP netip.Addr
+	// fresh are the slices applied since, whose candidates are not in
+	// the list yet.
+	fresh []*sliceInfo
+}
+
 // applyEndpoints rebuilds the endpoints of one Service from its slices and
 // folds them into the state. It sorts all occurrences of the Service's
 // endpoints by port and address, keeps the preferred one of each, and
-// reuses the published Endpoint of every one that did not change.
+// reuses the published Endpoint of every one that did not change. A big
+// Service of several slices keeps its sorted occurrences, and only those
+// of its changed slices are sorted and merged in (mergeChanged).
 func (t *Tracker) applyEndpoints(svc model.ServiceName, res *Result) {
 	e := t.svcs[svc]
 	if e == nil {
 		return // nothing applied, nothing to remove
 	}
-	ports := portIndex{names: t.names[:0]}
-	cands := t.cands[:0]
 	// An endpoint at the Service's own cluster IP would loop.
 	var clusterIP netip.Addr
 	if len(e.ports) > 0 {
 		clusterIP = e.ports[0].ClusterIP
 	}
+	// The service ports the slices have now.
+	ports := portIndex{names: t.names[:0]}
 	for _, info := range e.slices {
 		for _, p := range info.ports {
-			n := model.ServicePortName{ServiceName: svc, Port: p.name, Protocol: p.proto}
-			pi := ports.find(n)
-			if pi < 0 {
-				pi = ports.add(n)
-			}
-			for i := range info.endpoints {
-				ep := &info.endpoints[i]
-				if clusterIP.IsValid() && ep.addr == clusterIP {
-					t.log.Warn("endpoint at the service's own cluster IP, ignored", "endpointSlice", svc.Namespace+"/"+info.name,
-						"service", svc.String(), "address", ep.addr.String())
-					continue
-				}
-				cands = append(cands, candidate{
-					port: pi, addr: netip.AddrPortFrom(ep.addr, p.port), ep: ep, slice: info.name, index: i,
-				})
+			if n := (model.ServicePortName{ServiceName: svc, Port: p.name, Protocol: p.proto}); ports.find(n) < 0 {
+				ports.add(n)
 			}
 		}
 	}
-	slices.SortFunc(cands, compareCandidates)
+	var cands []candidate
+	names := &ports // the service port of each candidate's port index
+	if m := e.merged; m != nil && m.clusterIP == clusterIP && len(e.slices) > 1 &&
+		2*len(m.cands) >= mergeMin && len(m.ports.names) <= 2*len(ports.names)+8 {
+		cands = t.mergeChanged(svc, m)
+		names = &m.ports
+	} else {
+		e.merged = nil
+		cands = t.collect(svc, e.slices, &ports, clusterIP, t.cands[:0])
+		slices.SortFunc(cands, compareCandidates)
+		if len(cands) >= mergeMin && len(e.slices) > 1 {
+			e.merged = &mergedCands{cands: slices.Clone(cands), clusterIP: clusterIP}
+			for _, n := range ports.names {
+				e.merged.ports.add(n)
+			}
+		}
+	}
 
 	for _, n := range e.epPorts {
 		if ports.find(n) >= 0 {
@@ -170,7 +208,7 @@ func (t *Tracker) applyEndpoints(svc model.ServiceName, res *Result) {
 		for end < len(cands) && cands[end].port == cands[start].port {
 			end++
 		}
-		t.foldPort(ports.names[cands[start].port], cands[start:end], res)
+		t.foldPort(names.names[cands[start].port], cands[start:end], res)
 		start = end
 	}
 	if !sameNames(e.epPorts, &ports) {
@@ -178,9 +216,82 @@ func (t *Tracker) applyEndpoints(svc model.ServiceName, res *Result) {
 	}
 	clear(ports.names)
 	t.names = ports.names[:0]
+	if names == &ports { // cands are the scratch list
+		clear(cands) // drop references to slices that may go away
+		t.cands = cands[:0]
+	}
 	t.gc(svc, e)
-	clear(cands) // drop references to slices that may go away
-	t.cands = cands[:0]
+}
+
+// collect appends the candidates of the slices infos of Service svc to
+// cands, and leaves out the endpoints at clusterIP. ports gives the port
+// indexes, and gets the ports it lacks.
+func (t *Tracker) collect(svc model.ServiceName, infos []*sliceInfo, ports *portIndex, clusterIP netip.Addr,
+	cands []candidate) []candidate {
+	for _, info := range infos {
+		for _, p := range info.ports {
+			n := model.ServicePortName{ServiceName: svc, Port: p.name, Protocol: p.proto}
+			pi := ports.find(n)
+			if pi < 0 {
+				pi = ports.add(n)
+			}
+			for i := range info.endpoints {
+				ep := &info.endpoints[i]
+				if clusterIP.IsValid() && ep.addr == clusterIP {
+					t.log.Warn("endpoint at the service's own cluster IP, ignored", "endpointSlice", svc.Namespace+"/"+info.name,
+						"service", svc.String(), "address", ep.addr.String())
+					continue
+				}
+				cands = append(cands, candidate{
+					port: pi, addr: netip.AddrPortFrom(ep.addr, p.port), ep: ep, info: info, index: i,
+				})
+			}
+		}
+	}
+	return cands
+}
+
+// mergeChanged brings the merged candidates m of Service svc up to date
+// and returns them: it drops the candidates of the slices that were
+// replaced or removed (dead), sorts those of the fresh slices and merges
+// the two sorted lists, in time linear in the Service's candidates plus
+// the sort of the fresh ones.
+func (t *Tracker) mergeChanged(svc model.ServiceName, m *mergedCands) []candidate {
+	add := t.collect(svc, m.fresh, &m.ports, m.clusterIP, t.cands[:0])
+	slices.SortFunc(add, compareCandidates)
+	clear(m.fresh)
+	m.fresh = m.fresh[:0]
+	old := m.cands
+	out := slices.Grow(t.spare[:0], len(old)+len(add))
+	j := 0
+	for i := range old {
+		if old[i].info.dead() {
+			continue
+		}
+		// No two candidates compare equal: a live slice is either
+		// merged (in old) or fresh (in add).
+		for j < len(add) && compareCandidates(add[j], old[i]) < 0 {
+			out = append(out, add[j])
+			j++
+		}
+		out = append(out, old[i])
+	}
+	out = append(out, add[j:]...)
+	clear(add)
+	t.cands = add[:0]
+	// Keep the old list's array as the next merge's: every entry of a
+	// spare array is zero. A spare much bigger than needed (of a bigger
+	// Service) stays the spare.
+	clear(old)
+	if cap(out) > 2*len(out)+mergeMin {
+		m.cands = slices.Clone(out)
+		clear(out)
+		t.spare = out[:0]
+	} else {
+		m.cands = out
+		t.spare = old[:0]
+	}
+	return m.cands
 }
 
 // sameNames reports whether names holds exactly the names in x.
@@ -197,24 +308,17 @@ func sameNames(names []model.ServicePortName, x *portIndex) bool {
 }
 
 // foldPort makes the sorted candidates of one service port its endpoint
-// list in the state.
+// list in the state. It does not modify cands.
 func (t *Tracker) foldPort(n model.ServicePortName, cands []candidate, res *Result) {
-	// Keep the preferred occurrence of each address: the first.
-	k := 0
-	for i := range cands {
-		if k > 0 && cands[k-1].addr == cands[i].addr {
-			continue
-		}
-		cands[k] = cands[i]
-		k++
-	}
-	cands = cands[:k]
-
-	// Match against the published list, both sorted by address.
+	// Keep the preferred occurrence of each address, the first, and match
+	// them against the published list, both sorted by address.
 	old := t.state.Endpoints[n]
 	matched := t.matched[:0]
 	missing, i := 0, 0
 	for c := range cands {
+		if c > 0 && cands[c-1].addr == cands[c].addr {
+			continue // a less preferred occurrence
+		}
 		for i < len(old) && old[i].Addr.Compare(cands[c].addr) < 0 {
 			i++
 		}
@@ -226,22 +330,27 @@ func (t *Tracker) foldPort(n model.ServicePortName, cands []candidate, res *Resu
 		matched = append(matched, nil)
 		missing++
 	}
-	if missing == 0 && len(cands) == len(old) {
+	if missing == 0 && len(matched) == len(old) {
 		clear(matched)
 		t.matched = matched[:0]
 		return // unchanged: keep the published list
 	}
-	eps := make([]*model.Endpoint, len(cands))
+	eps := make([]*model.Endpoint, len(matched))
 	vals := make([]model.Endpoint, missing) // one allocation for the new ones
+	k := 0
 	for c := range cands {
-		if matched[c] != nil {
-			eps[c] = matched[c]
+		if c > 0 && cands[c-1].addr == cands[c].addr {
 			continue
 		}
-		v := &vals[0]
-		vals = vals[1:]
-		t.fillEndpoint(v, &cands[c])
-		eps[c] = v
+		if matched[k] != nil {
+			eps[k] = matched[k]
+		} else {
+			v := &vals[0]
+			vals = vals[1:]
+			t.fillEndpoint(v, &cands[c])
+			eps[k] = v
+		}
+		k++
 	}
 	clear(matched)
 	t.matched = matched[:0]

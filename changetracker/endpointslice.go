@@ -23,6 +23,10 @@ type sliceInfo struct {
 	endpoints []sliceEndpoint
 }
 
+// dead reports whether the slice was replaced or removed since it was
+// applied: applySlice then drops its ports, never empty before.
+func (s *sliceInfo) dead() bool { return s.ports == nil }
+
 type slicePort struct {
 	name  string
 	proto model.Protocol

@@ -67,6 +67,7 @@ type Tracker struct {
 	// Scratch space reused by Apply.
 	affected []model.ServiceName
 	cands    []candidate
+	spare    []candidate // all zero; see mergeChanged
 	matched  []*model.Endpoint
 	names    []model.ServicePortName
 }
@@ -80,6 +81,8 @@ type svcEntry struct {
 	slices []*sliceInfo
 	// epPorts are the keys the Service owns in state.Endpoints.
 	epPorts []model.ServicePortName
+	// merged are the sorted candidates of a big Service, or nil.
+	merged *mergedCands
 }
 
 // entry returns the entry of a Service, creating it if needed.
