@@ -12,7 +12,7 @@ import (
 
 // verifierBudget is the most instructions the verifier may process for
 // one north-south program (a tenth of its limit of 1,000,000; the
-// largest, pk_tc_pod, takes 80,528 on 6.18), so that a change that
+// largest, pk_tc_pod, takes 83,069 on 6.18), so that a change that
 // multiplies the paths it walks fails here, not at a user's New, and
 // every New stays cheap (a conformance case verifies the programs each
 // time, which under the VM's emulation took 4.6 s before still_in

@@ -20,9 +20,7 @@
 
 #define CTX struct __sk_buff
 
-/* PK_MAX_OFF bounds the offsets pk_load reads at (the headers), so that
- * the verifier can bound a pointer into the packet. */
-#define PK_MAX_OFF 255
+#include "direct.h"
 
 /* PK_HDRS is the most header bytes parse reads: Ethernet, IPv4 with
  * options, and the TCP header up to its flags. */
@@ -44,36 +42,44 @@ static __always_inline void pk_pull(struct __sk_buff *skb)
 		bpf_skb_pull_data(skb, len);
 }
 
-/* pk_load reads the headers directly in the skb's linear part, not
- * through bpf_skb_load_bytes (a call and a memcpy per field). The copy
- * claims no alignment: the IP header is at offset 14, 2 mod 4 from
- * where the frame starts, so the compiler copies byte by byte. The
- * empty asm that takes the destination's address keeps the copy in
- * memory, as the helper did: else the compiler holds the bytes (40 of
- * an IPv6 header) in registers, and their spills take pk_tc_ext past
- * the 512-byte stack. */
+/* pk_load reads the headers directly in the skb's linear part (pk_pull
+ * made them linear), not through bpf_skb_load_bytes. The empty asm that
+ * takes the destination's address keeps the copy in memory, as the
+ * helper did: else the compiler holds the bytes (40 of an IPv6 header)
+ * in registers, and their spills take pk_tc_ext past the 512-byte
+ * stack. */
 static __always_inline long pk_load(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	void *at;
+	void *at = pk_ptr(skb, off, len);
 
-	if (off > PK_MAX_OFF)
-		return -1;
-	at = data + off;
-	if (at + len > end)
+	if (!at)
 		return -1;
 	__builtin_memcpy(to, at, len);
 	asm volatile("" : : "r"(to));
 	return 0;
 }
 
-#define pk_store bpf_skb_store_bytes
-#define pk_l3_csum bpf_l3_csum_replace
+/* The headers parse read are written directly too (pk_pull made them
+ * linear; the verifier makes a cloned skb's head its own before the
+ * program runs), and the IPv4 header checksum, which is always
+ * complete, is updated in place. The L4 checksum goes through the
+ * helper, which knows an offloaded (partial) one. */
+#define pk_store pk_put
+#define pk_l3_csum pk_csum
 #define pk_l4_csum bpf_l4_csum_replace
 #define pk_proto(ctx) ((ctx)->protocol)
+
+/* own reports whether skb is one of the node's own packets, seen at
+ * the egress by pk_tc_out: it arrived on no interface. */
+static __always_inline int own(const struct __sk_buff *skb)
+{
+	return !skb->ingress_ifindex;
+}
+
 /* The interface a packet arrived on; for the node's own packets at
- * egress (pk_tc_out), the one it leaves by. */
+ * egress (pk_tc_out), the one it leaves by. Not written with own(): the
+ * compiler would pick one of two context fields' addresses and load
+ * through it, a context access the verifier refuses. */
 #define pk_ingress(ctx) ((ctx)->ingress_ifindex ?: (ctx)->ifindex)
 #define V_STACK TC_ACT_OK
 #define V_DROP TC_ACT_SHOT
@@ -87,8 +93,7 @@ static __always_inline long pk_load(struct __sk_buff *skb, __u32 off, void *to, 
 static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_lookup *f)
 {
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) ||
-		    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0))
+		if (pk_store(skb, 0, f->dmac, ETH_ALEN, 0) || pk_store(skb, ETH_ALEN, f->smac, ETH_ALEN, 0))
 			return TC_ACT_SHOT;
 		return bpf_redirect(f->ifindex, 0);
 	}
@@ -100,7 +105,7 @@ static __always_inline int send(struct __sk_buff *skb, long rc, struct bpf_fib_l
 		 * resolution would leave by that route's neighbour, with
 		 * its address. Without a next hop the kernel routes it
 		 * again to its new destination, replacing the route. */
-		if (!skb->ingress_ifindex)
+		if (own(skb))
 			return bpf_redirect_neigh(f->ifindex, NULL, 0, 0);
 
 		/* On return, the lookup's destination is the next hop. */
@@ -128,7 +133,7 @@ static __always_inline int forward(struct __sk_buff *skb, const struct pkt *p, l
 		return TC_ACT_OK;
 	/* The node's own packet (pk_tc_out) is not forwarded: it keeps its
 	 * TTL, as the stack's output path does. */
-	if (skb->ingress_ifindex && dec_ttl(skb, p))
+	if (!own(skb) && dec_ttl(skb, p))
 		return TC_ACT_SHOT;
 	return send(skb, rc, f);
 }
@@ -209,9 +214,9 @@ static __always_inline int reply_eth(struct __sk_buff *skb, __be16 proto)
  * received it. */
 static __always_inline int back(struct __sk_buff *skb)
 {
-	if (skb->ingress_ifindex)
-		return bpf_redirect(skb->ingress_ifindex, 0);
-	return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+	if (own(skb))
+		return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+	return bpf_redirect(skb->ingress_ifindex, 0);
 }
 
 /* error4 turns an IPv4 packet without options into an ICMP error (type,
@@ -628,7 +633,7 @@ int pk_tc_out(struct __sk_buff *skb)
 	struct nat n = {};
 	int v;
 
-	if (skb->ingress_ifindex || parse(skb, &p) != 0 || p.t.proto != IPPROTO_SCTP)
+	if (!own(skb) || parse(skb, &p) != 0 || p.t.proto != IPPROTO_SCTP)
 		return TC_ACT_UNSPEC;
 	if ((v = tracked(skb, &p, &n)) < 0 && (v = frontend(skb, &p, 1, &n)) < 0)
 		return TC_ACT_UNSPEC;

@@ -11,9 +11,9 @@
  * maps: a route to a pod's veth, a neighbour not resolved yet, a
  * frontend without endpoints (the ICMP reject), a TTL about to expire.
  *
- * The program reads and writes the packet directly (pk_ptr), not
+ * The program reads and writes the packet directly (direct.h), not
  * through the byte helpers. XDP has no checksum helpers: pk_l3_csum and
- * pk_l4_csum update the checksums in place (RFC 1624). That is right
+ * pk_l4_csum update the checksums in place (pk_csum, RFC 1624). That is right
  * for packets from the wire, whose checksums are complete; the kernel
  * hands XDP programs no packet with a partial (offloaded) checksum on a
  * physical device.
@@ -27,34 +27,10 @@
 #define V_DROP XDP_DROP
 #define V_NEXT XDP_PASS
 
-/* PK_MAX_OFF bounds the offsets the datapath reads and writes at (the
- * headers: Ethernet, IPv4 with options or IPv6, the L4 ports and
- * checksum), so that the verifier can bound a pointer into the packet. */
-#define PK_MAX_OFF 255
+#include "direct.h"
 
-/* pk_ptr returns a pointer to the len bytes at off in the packet, or
- * NULL when they are not all there. Direct packet access: the byte
- * helpers (bpf_xdp_load_bytes, bpf_xdp_store_bytes) cost a call and a
- * memcpy per field, 18% of a forwarding CPU's time with the sink
- * benchmark. Frames here are linear where the headers are. */
-static __always_inline void *pk_ptr(struct xdp_md *ctx, __u32 off, __u32 len)
-{
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	void *at;
-
-	if (off > PK_MAX_OFF)
-		return NULL;
-	at = data + off;
-	if (at + len > end)
-		return NULL;
-	return at;
-}
-
-/* The copies below, and the reads and writes of a checksum or the
- * Ethernet type, claim no alignment of the packet side: the IP header
- * is at offset 14 (2 mod 4 from where the frame starts) and IPv4
- * options move the L4 header, so the compiler copies byte by byte. */
+/* pk_load copies len bytes at off out of the packet. Frames here are
+ * linear where the headers are. */
 static __always_inline long pk_load(struct xdp_md *ctx, __u32 off, void *to, __u32 len)
 {
 	void *at = pk_ptr(ctx, off, len);
@@ -65,56 +41,7 @@ static __always_inline long pk_load(struct xdp_md *ctx, __u32 off, void *to, __u
 	return 0;
 }
 
-static __always_inline long pk_store(struct xdp_md *ctx, __u32 off, void *from, __u32 len, __u64 flags)
-{
-	void *at = pk_ptr(ctx, off, len);
-
-	if (!at)
-		return -1;
-	__builtin_memcpy(at, from, len);
-	return 0;
-}
-
-/* pk_csum updates the checksum at off as bpf_l3_csum_replace and
- * bpf_l4_csum_replace do for an skb without checksum offload: flags'
- * low bits are the size of the replaced field (2 or 4: from -> to), or
- * 0 when to is a bpf_csum_diff result; BPF_F_MARK_MANGLED_0 keeps a
- * zero (absent) UDP checksum and never writes one. */
-static __always_inline long pk_csum(struct xdp_md *ctx, __u32 off, __u64 from, __u64 to, __u64 flags)
-{
-	void *at = pk_ptr(ctx, off, sizeof(__u16));
-	__u16 check;
-	__u64 s;
-
-	if (!at)
-		return -1;
-	__builtin_memcpy(&check, at, sizeof(check));
-	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
-		return 0;
-	s = (__u16)~check;
-	switch (flags & BPF_F_HDR_FIELD_MASK) {
-	case 0:
-		s += (__u32)to;
-		break;
-	case 2:
-		s += (__u16)~from + (__u16)to;
-		break;
-	case 4:
-		from = ~from;
-		s += (from & 0xffff) + ((from >> 16) & 0xffff) + (to & 0xffff) + ((to >> 16) & 0xffff);
-		break;
-	default:
-		return -1;
-	}
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	check = (__u16)~s;
-	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
-		check = 0xffff;
-	__builtin_memcpy(at, &check, sizeof(check));
-	return 0;
-}
+#define pk_store pk_put
 
 /* XDP frames are linear where the headers are. */
 #define pk_pull(ctx)
